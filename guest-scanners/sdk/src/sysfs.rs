@@ -1,0 +1,130 @@
+//! /sys through `std::fs`: attributes, symlink names, class directories and globs.
+//!
+//! Why: the host preopens the whole of /sys read-only (sysfs relies on relative symlinks that
+//! must stay inside the preopen), so plain `std::fs` works there; these helpers fold the usual
+//! sysfs idioms (trimmed one-line attributes, "which driver is bound" symlinks, listing
+//! `/sys/class/<c>`) into one call each and turn "missing" into `None`/empty instead of errors,
+//! since devices come and go between scans.
+
+use crate::devfs::{Node, NodeKind};
+use crate::pathglob::{self, DirSource, Match};
+use std::fs;
+use std::path::Path;
+
+/// The contents of a sysfs attribute file, trimmed of surrounding whitespace (sysfs values end
+/// in a newline); None when it is missing or unreadable.
+pub fn read_attr(path: impl AsRef<Path>) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+/// The last component of a symlink's target, e.g. the driver name for
+/// `/sys/bus/pci/devices/0000:00:02.0/driver` -> `../../../bus/pci/drivers/i915` gives `i915`.
+/// None when `path` is not a readable symlink.
+pub fn read_link_name(path: impl AsRef<Path>) -> Option<String> {
+    let target = fs::read_link(path).ok()?;
+    Some(target.file_name()?.to_string_lossy().into_owned())
+}
+
+/// The names in a directory, sorted; empty when it is missing or unreadable.
+pub fn list_dir(path: impl AsRef<Path>) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(path) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The entries of `/sys/class/<class>` (e.g. `list_class("net")` gives interface names), sorted.
+pub fn list_class(class: &str) -> Vec<String> {
+    list_dir(format!("/sys/class/{class}"))
+}
+
+fn kind_of(ft: fs::FileType) -> NodeKind {
+    if ft.is_symlink() {
+        NodeKind::Symlink
+    } else if ft.is_dir() {
+        NodeKind::Directory
+    } else if ft.is_file() {
+        NodeKind::File
+    } else {
+        NodeKind::Other
+    }
+}
+
+/// The [`DirSource`] of `std::fs` (for /sys), for [`pathglob::glob_with`]. Major, minor and mode
+/// are reported as 0.
+pub struct StdFs;
+
+impl DirSource for StdFs {
+    fn list(&self, dir: &str) -> Result<Vec<Node>, String> {
+        let rd = fs::read_dir(dir).map_err(|e| format!("{dir}: {e}"))?;
+        Ok(rd
+            .filter_map(|e| e.ok())
+            .map(|e| {
+                let kind = e.file_type().map(kind_of).unwrap_or(NodeKind::Other);
+                pathglob::node(&e.file_name().to_string_lossy(), kind)
+            })
+            .collect())
+    }
+    fn stat(&self, path: &str) -> Result<Node, String> {
+        let md = fs::symlink_metadata(path).map_err(|e| format!("{path}: {e}"))?;
+        let name = path.rsplit('/').next().unwrap_or("");
+        Ok(pathglob::node(name, kind_of(md.file_type())))
+    }
+}
+
+/// Checks that `pattern` is a valid glob under /sys (no `..`).
+pub fn check_sys_pattern(pattern: &str) -> Result<(), String> {
+    if pattern != "/sys" && !pattern.starts_with("/sys/") {
+        return Err("must be a path under /sys/".into());
+    }
+    pathglob::validate(pattern)
+}
+
+/// All entries under /sys matching the glob `pattern`, sorted by path (e.g.
+/// `glob_sys("/sys/class/drm/card*")`). Only an invalid pattern is an error.
+pub fn glob_sys(pattern: &str) -> Result<Vec<Match>, String> {
+    check_sys_pattern(pattern).map_err(|e| format!("glob {pattern:?}: {e}"))?;
+    pathglob::glob_with(&StdFs, pattern)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attrs_links_and_dirs_on_a_real_tree() {
+        let dir = std::env::temp_dir().join(format!("wdp-sysfs-test-{}", std::process::id()));
+        let class = dir.join("class/net");
+        fs::create_dir_all(&class).unwrap();
+        fs::write(class.join("eth0"), "  0x1050\n").unwrap();
+        fs::write(class.join("eth1"), "").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink("../../bus/pci/drivers/i915", dir.join("driver")).unwrap();
+
+        assert_eq!(read_attr(class.join("eth0")).as_deref(), Some("0x1050"));
+        assert_eq!(read_attr(class.join("missing")), None);
+        assert_eq!(list_dir(&class), ["eth0", "eth1"]);
+        assert!(list_dir(dir.join("nope")).is_empty());
+        #[cfg(unix)]
+        assert_eq!(read_link_name(dir.join("driver")).as_deref(), Some("i915"));
+        assert_eq!(read_link_name(class.join("eth0")), None);
+
+        let pattern = format!("{}/class/*/eth*", dir.display());
+        let m = pathglob::glob_with(&StdFs, &pattern).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].node.kind, NodeKind::File);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sys_patterns() {
+        assert!(check_sys_pattern("/sys/class/*").is_ok());
+        assert!(check_sys_pattern("/system").is_err());
+        assert!(check_sys_pattern("/sys/../etc").is_err());
+    }
+}

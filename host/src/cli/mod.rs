@@ -1,0 +1,91 @@
+//! The `wdp` command line: a thin layer over the library.
+
+mod kubelet;
+mod run;
+mod scan;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// WebAssembly device plugins: Kubernetes device plugins whose scanners are sandboxed wasm
+/// components.
+///
+/// Scanners read /sys (read-only) and the metadata of /dev, and report device trees; wdp serves
+/// those trees to kubelet. Start with `wdp scan --component kvm.wasm` to see what a scanner finds
+/// on this machine, then `wdp run --config wdp.yaml` to serve it.
+#[derive(Debug, Parser)]
+#[command(name = "wdp", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Scan(scan::ScanArgs),
+    Run(run::RunArgs),
+    Kubelet(kubelet::KubeletArgs),
+}
+
+/// Entry point of the `wdp` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("wdp")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Scan(args) => scan::run(args).await,
+            Command::Run(args) => run::run(args).await,
+            Command::Kubelet(args) => kubelet::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr (stdout is for trees); `RUST_LOG` overrides the default `info` level.
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Parses `KEY=VALUE` for flags such as `--env`.
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}

@@ -1,0 +1,141 @@
+//! `wdp run`: serve every configured scanner's devices to kubelet.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::config;
+use crate::hooks::Hooks;
+use crate::kubelet::dir::PluginDir;
+use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
+use crate::manager::{Claims, Manager};
+use crate::sandbox::{GuestSpec, Roots, Sandbox};
+use crate::scanner::{RestartPolicy, Scanner, supervise};
+use crate::server::Kubelet;
+
+/// Run the configured scanners and serve their devices to kubelet.
+///
+/// Each dev-type a scanner reports becomes the resource <namespace>/<dev-type>, served on
+/// <plugin-dir>/<namespace>-<dev-type>.sock and registered with kubelet; re-registered whenever
+/// kubelet restarts. A failing scanner is restarted with backoff while its last good devices stay
+/// served. SIGTERM or SIGINT stops everything and removes the sockets.
+///
+/// The config file is checked completely (and every component compiled) before anything starts.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The YAML config listing the scanners (see the README for every key).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+
+    /// kubelet's device-plugin directory, where plugin sockets are created.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PLUGIN_DIR)]
+    plugin_dir: PathBuf,
+
+    /// kubelet's registration socket [default: <plugin-dir>/kubelet.sock].
+    #[arg(long, value_name = "PATH")]
+    kubelet_socket: Option<PathBuf>,
+
+    /// Host directory guests see as /sys (read-only).
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    sys_root: PathBuf,
+
+    /// Host directory guests see as /dev (metadata only).
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    dev_root: PathBuf,
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let config = config::load(&args.config)?;
+    // Install signal handlers before starting anything, so a signal is never lost.
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+
+    let sandbox = Sandbox::new(Roots {
+        sys: args.sys_root,
+        dev: args.dev_root,
+    })?;
+    let mut ready = Vec::with_capacity(config.scanners.len());
+    for s in &config.scanners {
+        let spec = GuestSpec {
+            name: s.name.as_str().into(),
+            env: s.env.clone(),
+            limits: s.limits,
+        };
+        let component = sandbox
+            .load(&s.component)
+            .await
+            .with_context(|| format!("scanner {}", s.name))?;
+        let pre = component
+            .scanner()
+            .with_context(|| format!("scanner {}", s.name))?;
+        let hooks = match &s.post_allocator {
+            None => None,
+            Some(path) => {
+                let hook = sandbox
+                    .load(path)
+                    .await
+                    .with_context(|| format!("scanner {}: post-allocator", s.name))?;
+                let hooks = Hooks::new(sandbox.clone(), spec.clone(), &hook)
+                    .with_context(|| format!("scanner {}: post-allocator", s.name))?;
+                Some(Arc::new(hooks))
+            }
+        };
+        ready.push((Scanner { spec, pre }, s.namespace.clone(), hooks));
+    }
+
+    let kubelet_socket = args
+        .kubelet_socket
+        .unwrap_or_else(|| args.plugin_dir.join(KUBELET_SOCKET_NAME));
+    let dir = PluginDir::watch(&args.plugin_dir).with_context(|| {
+        format!(
+            "cannot watch the plugin directory {}",
+            args.plugin_dir.display()
+        )
+    })?;
+    let kubelet = Arc::new(Kubelet {
+        dir,
+        socket: kubelet_socket,
+    });
+    let claims = Arc::new(Claims::default());
+
+    let mut supervisors = Vec::new();
+    let mut managers = Vec::new();
+    for (scanner, namespace, hooks) in ready {
+        let (tx, rx) = mpsc::channel(16);
+        let manager = Manager::new(
+            scanner.spec.name.clone(),
+            namespace,
+            kubelet.clone(),
+            hooks,
+            claims.clone(),
+        );
+        managers.push(tokio::spawn(manager.run(rx)));
+        supervisors.push(tokio::spawn(supervise(
+            sandbox.clone(),
+            scanner,
+            RestartPolicy::Backoff,
+            tx,
+        )));
+    }
+    tracing::info!(scanners = managers.len(), plugin_dir = %args.plugin_dir.display(), "running");
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+    }
+    // Stopping a supervisor drops its guest and closes its channel; the manager then stops its
+    // servers, each removing its socket.
+    for supervisor in &supervisors {
+        supervisor.abort();
+    }
+    for manager in managers {
+        let _ = manager.await;
+    }
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}

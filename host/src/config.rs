@@ -1,0 +1,339 @@
+//! The `wdp run` configuration file (YAML).
+//!
+//! ```yaml
+//! scanners:
+//!   - name: kvm                          # unique; used in logs and metrics
+//!     component: path/to/kvm.wasm        # relative paths are relative to the config file
+//!     namespace: devices.example.com     # resources are <namespace>/<dev-type>
+//!     env: { SLOTS: "10" }               # the guest's environment, nothing else
+//!     post-allocator: path/to/hook.wasm  # optional; may be the same file as component
+//!     limits: { memory: 64Mi, call-timeout: 5s }
+//! ```
+//!
+//! Everything is checked before anything starts; an error names the file, the key (as
+//! `scanners[1].limits.memory`), the value and what would be valid.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::sandbox::GuestLimits;
+use crate::units;
+
+/// A checked configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub scanners: Vec<ScannerConfig>,
+}
+
+/// One scanner, with paths resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScannerConfig {
+    pub name: String,
+    pub component: PathBuf,
+    pub namespace: String,
+    pub env: Vec<(String, String)>,
+    pub post_allocator: Option<PathBuf>,
+    pub limits: GuestLimits,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {key}: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    scanners: Vec<RawScanner>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawScanner {
+    name: String,
+    component: PathBuf,
+    namespace: String,
+    #[serde(default)]
+    env: BTreeMap<String, Scalar>,
+    post_allocator: Option<PathBuf>,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawLimits {
+    memory: Option<Scalar>,
+    call_timeout: Option<Scalar>,
+}
+
+/// Env values and limits may be written as YAML numbers or booleans; the guest gets text.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Scalar {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Scalar {
+    fn into_text(self) -> String {
+        match self {
+            Scalar::Text(s) => s,
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// Reads and checks the config file at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse(&text, path, base)
+}
+
+/// Checks config `text`; `path` is for messages, `base` resolves relative component paths.
+pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError> {
+    let raw: RawConfig = serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let invalid = |key: String, message: String| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        key,
+        message,
+    };
+    if raw.scanners.is_empty() {
+        return Err(invalid(
+            "scanners".into(),
+            "lists no scanner; add at least one".into(),
+        ));
+    }
+    let mut names = HashSet::new();
+    let mut scanners = Vec::with_capacity(raw.scanners.len());
+    for (i, s) in raw.scanners.into_iter().enumerate() {
+        let key = |k: &str| format!("scanners[{i}].{k}");
+        if !is_name(&s.name) {
+            return Err(invalid(
+                key("name"),
+                format!(
+                    "{:?} is not a valid name: use 1-63 characters of a-z, 0-9, '-' and '_'",
+                    s.name
+                ),
+            ));
+        }
+        if !names.insert(s.name.clone()) {
+            return Err(invalid(
+                key("name"),
+                format!(
+                    "{:?} is used by another scanner; names must be unique",
+                    s.name
+                ),
+            ));
+        }
+        if !is_namespace(&s.namespace) {
+            return Err(invalid(
+                key("namespace"),
+                format!(
+                    "{:?} is not a valid resource namespace: use a DNS subdomain such as devices.example.com (not under kubernetes.io)",
+                    s.namespace
+                ),
+            ));
+        }
+        let component = resolve(base, &s.component);
+        if !component.is_file() {
+            return Err(invalid(
+                key("component"),
+                format!("{}: no such file", component.display()),
+            ));
+        }
+        let post_allocator = match s.post_allocator {
+            Some(p) => {
+                let p = resolve(base, &p);
+                if !p.is_file() {
+                    return Err(invalid(
+                        key("post-allocator"),
+                        format!("{}: no such file", p.display()),
+                    ));
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let mut env = Vec::with_capacity(s.env.len());
+        for (k, v) in s.env {
+            if !is_env_name(&k) {
+                return Err(invalid(
+                    key(&format!("env.{k}")),
+                    "not a valid variable name: use [A-Za-z_][A-Za-z0-9_]*".into(),
+                ));
+            }
+            env.push((k, v.into_text()));
+        }
+        let mut limits = GuestLimits::default();
+        if let Some(memory) = s.limits.memory {
+            limits.memory = units::parse_size(&memory.into_text())
+                .map_err(|e| invalid(key("limits.memory"), e.to_string()))?;
+            if limits.memory < 1 << 20 {
+                return Err(invalid(key("limits.memory"), "must be at least 1Mi".into()));
+            }
+        }
+        if let Some(timeout) = s.limits.call_timeout {
+            limits.call_timeout = units::parse_duration(&timeout.into_text())
+                .map_err(|e| invalid(key("limits.call-timeout"), e.to_string()))?;
+            if limits.call_timeout.is_zero() {
+                return Err(invalid(
+                    key("limits.call-timeout"),
+                    "must be more than zero".into(),
+                ));
+            }
+        }
+        scanners.push(ScannerConfig {
+            name: s.name,
+            component,
+            namespace: s.namespace,
+            env,
+            post_allocator,
+            limits,
+        });
+    }
+    Ok(Config { scanners })
+}
+
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// A DNS subdomain (RFC 1123), as the prefix of an extended resource name must be; kubelet
+/// refuses names under kubernetes.io.
+fn is_namespace(s: &str) -> bool {
+    s.len() <= 253
+        && !s.ends_with("kubernetes.io")
+        && s.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn with_files(yaml: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("kvm.wasm"), b"").unwrap();
+        std::fs::write(dir.path().join("hook.wasm"), b"").unwrap();
+        parse(yaml, Path::new("wdp.yaml"), dir.path())
+    }
+
+    #[test]
+    fn full_example() {
+        let c = with_files(
+            "scanners:\n  - name: kvm\n    component: kvm.wasm\n    namespace: devices.example.com\n    env: { SLOTS: 10, DEBUG: true }\n    post-allocator: hook.wasm\n    limits: { memory: 32Mi, call-timeout: 2s }\n",
+        )
+        .unwrap();
+        let s = &c.scanners[0];
+        assert_eq!(
+            s.env,
+            [
+                ("DEBUG".into(), "true".into()),
+                ("SLOTS".into(), "10".into())
+            ]
+        );
+        assert_eq!(s.limits.memory, 32 << 20);
+        assert_eq!(s.limits.call_timeout, Duration::from_secs(2));
+        assert!(s.component.ends_with("kvm.wasm") && s.component.is_absolute());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("scanners: []", "scanners: lists no scanner"),
+            (
+                "scanners:\n  - {name: kvm, component: kvm.wasm, namespace: x.io, colour: red}",
+                "unknown field `colour`",
+            ),
+            (
+                "scanners:\n  - {name: KVM, component: kvm.wasm, namespace: x.io}",
+                "scanners[0].name: \"KVM\"",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io}\n  - {name: a, component: kvm.wasm, namespace: y.io}",
+                "scanners[1].name",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: Bad_NS}",
+                "scanners[0].namespace",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: k8s.kubernetes.io}",
+                "scanners[0].namespace",
+            ),
+            (
+                "scanners:\n  - {name: a, component: nope.wasm, namespace: x.io}",
+                "scanners[0].component",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, limits: {memory: 64MB}}",
+                "scanners[0].limits.memory: \"64MB\" is not a memory size",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, limits: {call-timeout: 5}}",
+                "scanners[0].limits.call-timeout",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, env: {1X: y}}",
+                "scanners[0].env.1X",
+            ),
+        ];
+        for (yaml, needle) in cases {
+            let err = with_files(yaml).unwrap_err().to_string();
+            assert!(err.starts_with("config wdp.yaml: "), "{err}");
+            assert!(err.contains(needle), "{err:?} should contain {needle:?}");
+        }
+    }
+}

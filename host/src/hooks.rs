@@ -1,0 +1,159 @@
+//! Guest hooks on kubelet's allocation calls: `post-allocate`, `get-preferred-allocation` and
+//! `pre-start-container`.
+//!
+//! Each call runs in a fresh instance (instantiation from an `InstancePre` costs microseconds), so
+//! no state leaks from one pod's allocation into the next and a trapped or timed-out call poisons
+//! nothing. Every call has the scanner's `call-timeout` as its deadline.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use wasmtime::Store;
+
+use crate::kubelet::api;
+use crate::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
+use crate::sandbox::bindings::pre_starter::PreStarterPluginPre;
+use crate::sandbox::bindings::preferred_allocator::PreferredAllocatorPluginPre;
+use crate::sandbox::bindings::types as wit;
+use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError};
+use crate::scanner::describe;
+
+/// Why a hook call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("the hook returned an error: {0}")]
+    Guest(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The hooks one component exports, ready to call.
+pub struct Hooks {
+    sandbox: Arc<Sandbox>,
+    spec: GuestSpec,
+    post: Option<PostAllocatorPluginPre<GuestState>>,
+    preferred: Option<PreferredAllocatorPluginPre<GuestState>>,
+    pre_start: Option<PreStarterPluginPre<GuestState>>,
+}
+
+/// A configured hook component that exports none of the hook interfaces.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{path} exports no hook: expected post-allocator, preferred-allocator or pre-starter of wdp:device-plugin"
+)]
+pub struct NoHooks {
+    pub path: PathBuf,
+}
+
+impl Hooks {
+    /// Finds the hook exports of `component`; at least one must exist.
+    pub fn new(
+        sandbox: Arc<Sandbox>,
+        spec: GuestSpec,
+        component: &LoadedComponent,
+    ) -> Result<Self, NoHooks> {
+        let hooks = Hooks {
+            sandbox,
+            spec,
+            post: component.post_allocator(),
+            preferred: component.preferred_allocator(),
+            pre_start: component.pre_starter(),
+        };
+        if hooks.post.is_none() && hooks.preferred.is_none() && hooks.pre_start.is_none() {
+            return Err(NoHooks {
+                path: component.path().to_path_buf(),
+            });
+        }
+        Ok(hooks)
+    }
+
+    /// What to advertise to kubelet.
+    pub fn options(&self) -> api::DevicePluginOptions {
+        api::DevicePluginOptions {
+            pre_start_required: self.pre_start.is_some(),
+            get_preferred_allocation_available: self.preferred.is_some(),
+        }
+    }
+
+    /// True when the component exports `post-allocator`.
+    pub fn has_post_allocate(&self) -> bool {
+        self.post.is_some()
+    }
+
+    /// Runs `post-allocate`; `None` when the component does not export it.
+    pub async fn post_allocate(
+        &self,
+        dev_type: &str,
+        requests: &[wit::ContainerAllocateRequest],
+        responses: &[wit::ContainerAllocateResponse],
+    ) -> Option<Result<Vec<wit::ContainerAllocateResponse>, HookError>> {
+        let pre = self.post.as_ref()?;
+        Some(
+            self.call(|mut store| async move {
+                let hook = pre.instantiate_async(&mut store).await?;
+                hook.wdp_device_plugin_post_allocator()
+                    .call_post_allocate(&mut store, dev_type, requests, responses)
+                    .await
+            })
+            .await,
+        )
+    }
+
+    /// Runs `get-preferred-allocation`; `None` when not exported.
+    pub async fn preferred_allocation(
+        &self,
+        dev_type: &str,
+        requests: &[wit::ContainerPreferredAllocationRequest],
+    ) -> Option<Result<Vec<Vec<String>>, HookError>> {
+        let pre = self.preferred.as_ref()?;
+        Some(
+            self.call(|mut store| async move {
+                let hook = pre.instantiate_async(&mut store).await?;
+                hook.wdp_device_plugin_preferred_allocator()
+                    .call_get_preferred_allocation(&mut store, dev_type, requests)
+                    .await
+            })
+            .await,
+        )
+    }
+
+    /// Runs `pre-start-container`; `None` when not exported.
+    pub async fn pre_start(
+        &self,
+        dev_type: &str,
+        device_ids: &[String],
+    ) -> Option<Result<(), HookError>> {
+        let pre = self.pre_start.as_ref()?;
+        Some(
+            self.call(|mut store| async move {
+                let hook = pre.instantiate_async(&mut store).await?;
+                hook.wdp_device_plugin_pre_starter()
+                    .call_pre_start_container(&mut store, dev_type, device_ids)
+                    .await
+            })
+            .await,
+        )
+    }
+
+    /// One call in a fresh store, under the deadline.
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, HookError>
+    where
+        F: FnOnce(Store<GuestState>) -> Fut,
+        Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
+    {
+        let store = self
+            .sandbox
+            .store(&self.spec, None)
+            .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
+        let deadline = self.spec.limits.call_timeout;
+        match tokio::time::timeout(deadline, f(store)).await {
+            Err(_) => Err(HookError::Timeout(deadline)),
+            Ok(Err(e)) => Err(HookError::Failed(describe(&e, &self.spec))),
+            Ok(Ok(Err(message))) => Err(HookError::Guest(message)),
+            Ok(Ok(Ok(value))) => Ok(value),
+        }
+    }
+}

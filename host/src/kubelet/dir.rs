@@ -1,0 +1,109 @@
+//! Watching kubelet's device-plugin directory.
+//!
+//! A restarting kubelet deletes every socket in the directory (its `CleanupPluginDirectory`),
+//! then creates `kubelet.sock` again. Both are the signal to serve again and re-register, and both
+//! are seen here through inotify as they happen: no polling, no fixed sleeps.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use inotify::{EventMask, Inotify, WatchMask};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+/// Something happened to a file in the plugin directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirEvent {
+    /// A file appeared (created, or moved in).
+    Created(String),
+    /// A file went away (deleted, or moved out).
+    Removed(String),
+    /// Events were lost (inotify queue overflow, or a slow subscriber): re-check everything.
+    Overflow,
+}
+
+/// The watched plugin directory. Dropping it stops the watch.
+#[derive(Debug)]
+pub struct PluginDir {
+    path: PathBuf,
+    tx: broadcast::Sender<DirEvent>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for PluginDir {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PluginDir {
+    /// Creates the directory if needed and starts watching it. Must run inside a tokio runtime.
+    pub fn watch(path: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(path)?;
+        let inotify = Inotify::init()?;
+        inotify.watches().add(
+            path,
+            WatchMask::CREATE
+                | WatchMask::DELETE
+                | WatchMask::MOVED_FROM
+                | WatchMask::MOVED_TO
+                | WatchMask::ONLYDIR,
+        )?;
+        let mut stream = inotify.into_event_stream(vec![0u8; 8192])?;
+        let (tx, _) = broadcast::channel(256);
+        let sender = tx.clone();
+        let task = tokio::spawn(async move {
+            while let Some(event) = stream.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(e) => {
+                        tracing::error!(error = %e, "plugin directory watch failed");
+                        return;
+                    }
+                };
+                let name = event.name.map(|n| n.to_string_lossy().into_owned());
+                let out = if event.mask.contains(EventMask::Q_OVERFLOW) {
+                    DirEvent::Overflow
+                } else if let Some(name) = name {
+                    if event
+                        .mask
+                        .intersects(EventMask::CREATE | EventMask::MOVED_TO)
+                    {
+                        DirEvent::Created(name)
+                    } else {
+                        DirEvent::Removed(name)
+                    }
+                } else {
+                    continue;
+                };
+                // No receivers is fine: nobody is serving right now.
+                let _ = sender.send(out);
+            }
+        });
+        Ok(PluginDir {
+            path: path.to_path_buf(),
+            tx,
+            task,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Events from now on. Subscribe before acting, so nothing that follows is missed.
+    pub fn subscribe(&self) -> broadcast::Receiver<DirEvent> {
+        self.tx.subscribe()
+    }
+}
+
+/// Receives the next event, turning a lagging receiver into [`DirEvent::Overflow`].
+pub async fn next_event(rx: &mut broadcast::Receiver<DirEvent>) -> Option<DirEvent> {
+    match rx.recv().await {
+        Ok(event) => Some(event),
+        Err(broadcast::error::RecvError::Lagged(_)) => Some(DirEvent::Overflow),
+        Err(broadcast::error::RecvError::Closed) => None,
+    }
+}

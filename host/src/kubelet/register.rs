@@ -1,0 +1,62 @@
+//! `Registration.Register`: announcing one resource to kubelet.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::api::registration_client::RegistrationClient;
+use super::api::{DevicePluginOptions, RegisterRequest};
+use super::transport;
+
+/// kubelet answers Register only after dialling the plugin back and asking its options.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a registration did not go through.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("cannot connect to kubelet at {path}: {source}")]
+    Connect {
+        path: String,
+        source: tonic::transport::Error,
+    },
+    #[error("kubelet refused {resource}: {status}")]
+    Refused {
+        resource: String,
+        status: tonic::Status,
+    },
+    #[error("kubelet did not answer within {REGISTER_TIMEOUT:?}")]
+    Timeout,
+}
+
+/// Registers `resource` (served on the socket file `endpoint` in kubelet's plugin directory).
+pub async fn register(
+    kubelet_socket: &Path,
+    endpoint: &str,
+    resource: &str,
+    options: DevicePluginOptions,
+) -> Result<(), RegisterError> {
+    let attempt = async {
+        let channel =
+            transport::connect(kubelet_socket)
+                .await
+                .map_err(|source| RegisterError::Connect {
+                    path: kubelet_socket.display().to_string(),
+                    source,
+                })?;
+        RegistrationClient::new(channel)
+            .register(RegisterRequest {
+                version: super::API_VERSION.into(),
+                endpoint: endpoint.into(),
+                resource_name: resource.into(),
+                options: Some(options),
+            })
+            .await
+            .map_err(|status| RegisterError::Refused {
+                resource: resource.into(),
+                status,
+            })?;
+        Ok(())
+    };
+    tokio::time::timeout(REGISTER_TIMEOUT, attempt)
+        .await
+        .map_err(|_| RegisterError::Timeout)?
+}

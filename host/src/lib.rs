@@ -1,0 +1,17 @@
+//! wdp: WebAssembly device plugins.
+//!
+//! A Kubernetes device-plugin host whose device scanners are WebAssembly components. Data flows
+//! one way: a guest scanner notifies a device tree ([`sandbox`], [`scanner`]), the host validates
+//! it ([`tree`]) and serves it to kubelet.
+
+pub mod allocate;
+pub mod cli;
+pub mod config;
+pub mod hooks;
+pub mod kubelet;
+pub mod manager;
+pub mod sandbox;
+pub mod scanner;
+pub mod server;
+pub mod tree;
+pub mod units;

@@ -1,0 +1,5 @@
+//! The `wdp` binary; everything lives in the library (`wdp::cli`).
+
+fn main() -> std::process::ExitCode {
+    wdp::cli::main()
+}

@@ -1,0 +1,262 @@
+//! One manager per configured scanner: from device trees to resource servers.
+//!
+//! The manager consumes its scanner's events and keeps one [`ResourceServer`] per dev-type of the
+//! latest good tree, as Intel's Notifier does: types added since the last tree get a new server,
+//! changed types get the new device list, removed types are stopped. Applying a tree never waits
+//! on kubelet (servers take updates through a `watch` channel), so a slow kubelet never holds up
+//! a scanner. Resource names are claimed host-wide: two scanners serving the same
+//! `<namespace>/<dev-type>` is refused with an error naming both.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::hooks::Hooks;
+use crate::scanner::ScannerEvent;
+use crate::server::{Kubelet, Resource, ResourceServer};
+use crate::tree::DeviceTree;
+
+/// Which dev-types changed between two trees (sorted, each type in at most one list).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TreeDiff {
+    pub added: Vec<String>,
+    pub updated: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+impl TreeDiff {
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.updated.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// Compares `old` and `new` at dev-type granularity; one changed device makes its type updated.
+pub fn diff(old: &DeviceTree, new: &DeviceTree) -> TreeDiff {
+    let mut d = TreeDiff::default();
+    for (dev_type, devices) in &new.0 {
+        match old.0.get(dev_type) {
+            None => d.added.push(dev_type.clone()),
+            Some(before) if before != devices => d.updated.push(dev_type.clone()),
+            Some(_) => {}
+        }
+    }
+    d.removed = old
+        .0
+        .keys()
+        .filter(|t| !new.0.contains_key(*t))
+        .cloned()
+        .collect();
+    d
+}
+
+/// Host-wide ownership of resource names.
+#[derive(Debug, Default)]
+pub struct Claims {
+    owners: Mutex<HashMap<String, Arc<str>>>,
+}
+
+impl Claims {
+    /// Claims `resource` for `scanner`; `Err(owner)` if another scanner holds it.
+    fn claim(&self, resource: &str, scanner: &Arc<str>) -> Result<(), Arc<str>> {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        match owners.get(resource) {
+            Some(owner) if owner != scanner => Err(owner.clone()),
+            _ => {
+                owners.insert(resource.to_string(), scanner.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn release(&self, resource: &str, scanner: &Arc<str>) {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        if owners.get(resource) == Some(scanner) {
+            owners.remove(resource);
+        }
+    }
+}
+
+/// What a manager needs to serve a scanner's resources.
+pub struct Manager {
+    scanner: Arc<str>,
+    namespace: String,
+    kubelet: Arc<Kubelet>,
+    hooks: Option<Arc<Hooks>>,
+    claims: Arc<Claims>,
+    /// The last tree applied (types refused for a name clash are left out).
+    current: DeviceTree,
+    servers: BTreeMap<String, ResourceServer>,
+}
+
+impl Manager {
+    /// A manager for `scanner`, serving under `namespace`.
+    pub fn new(
+        scanner: Arc<str>,
+        namespace: String,
+        kubelet: Arc<Kubelet>,
+        hooks: Option<Arc<Hooks>>,
+        claims: Arc<Claims>,
+    ) -> Self {
+        Manager {
+            scanner,
+            namespace,
+            kubelet,
+            hooks,
+            claims,
+            current: DeviceTree::default(),
+            servers: BTreeMap::new(),
+        }
+    }
+
+    /// Applies events until the scanner's channel closes, then stops every server.
+    pub async fn run(mut self, mut events: mpsc::Receiver<ScannerEvent>) {
+        while let Some(event) = events.recv().await {
+            match event {
+                ScannerEvent::Tree(tree) => {
+                    self.apply(&tree);
+                }
+                ScannerEvent::Refused(_) | ScannerEvent::Failed { .. } | ScannerEvent::Finished => {
+                    // Logged where they happen; the last good tree stays served.
+                }
+            }
+        }
+        self.stop_all().await;
+    }
+
+    /// The dev-types currently served.
+    pub fn served(&self) -> Vec<String> {
+        self.servers.keys().cloned().collect()
+    }
+
+    /// Brings the servers in line with `tree`. Never waits.
+    pub fn apply(&mut self, tree: &DeviceTree) -> TreeDiff {
+        let d = diff(&self.current, tree);
+        for dev_type in &d.removed {
+            self.current.0.remove(dev_type);
+            if let Some(server) = self.servers.remove(dev_type) {
+                self.claims.release(&server.resource().name, &self.scanner);
+                tracing::info!(scanner = &*self.scanner, resource = %server.resource().name, "device type removed");
+                // Dropping cancels it; its task removes the socket on its own.
+                drop(server);
+            }
+        }
+        for dev_type in &d.updated {
+            let devices = Arc::new(tree.0[dev_type].clone());
+            if let Some(server) = self.servers.get(dev_type) {
+                server.update(devices);
+            }
+            self.current
+                .0
+                .insert(dev_type.clone(), tree.0[dev_type].clone());
+        }
+        for dev_type in &d.added {
+            let devices = tree.0[dev_type].clone();
+            match self.start(dev_type, Arc::new(devices.clone())) {
+                Ok(server) => {
+                    self.servers.insert(dev_type.clone(), server);
+                    self.current.0.insert(dev_type.clone(), devices);
+                }
+                Err(e) => {
+                    // Left out of `current`, so the next tree tries again.
+                    tracing::error!(scanner = &*self.scanner, dev_type, error = %e, "device type not served");
+                }
+            }
+        }
+        d
+    }
+
+    fn start(
+        &self,
+        dev_type: &str,
+        devices: Arc<crate::tree::DeviceGroup>,
+    ) -> Result<ResourceServer, String> {
+        let resource = Resource::new(&self.namespace, dev_type, self.kubelet.dir.path())
+            .map_err(|e| e.to_string())?;
+        self.claims
+            .claim(&resource.name, &self.scanner)
+            .map_err(|owner| {
+                format!(
+                    "resource {} is already served by scanner {owner:?}; give one of them another namespace",
+                    resource.name
+                )
+            })?;
+        tracing::info!(scanner = &*self.scanner, resource = %resource.name, devices = devices.len(), "serving new device type");
+        Ok(ResourceServer::start(
+            self.kubelet.clone(),
+            resource,
+            devices,
+            self.hooks.clone(),
+        ))
+    }
+
+    /// Stops every server and waits until their sockets are gone.
+    pub async fn stop_all(&mut self) {
+        let servers = std::mem::take(&mut self.servers);
+        for (_, server) in servers {
+            self.claims.release(&server.resource().name, &self.scanner);
+            server.stop().await;
+        }
+        self.current = DeviceTree::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{DeviceInfo, Health};
+
+    fn tree(types: &[(&str, &[&str])]) -> DeviceTree {
+        DeviceTree(
+            types
+                .iter()
+                .map(|(t, ids)| {
+                    let group = ids
+                        .iter()
+                        .map(|id| {
+                            (
+                                id.to_string(),
+                                DeviceInfo {
+                                    health: Health::Healthy,
+                                    nodes: vec![],
+                                    mounts: vec![],
+                                    envs: Default::default(),
+                                    annotations: Default::default(),
+                                    numa_nodes: None,
+                                    cdi_devices: vec![],
+                                },
+                            )
+                        })
+                        .collect();
+                    (t.to_string(), group)
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn diffs_by_type() {
+        let old = tree(&[("a", &["1"]), ("b", &["1"]), ("c", &["1"])]);
+        let new = tree(&[("a", &["1"]), ("b", &["1", "2"]), ("d", &["1"])]);
+        let d = diff(&old, &new);
+        assert_eq!(d.added, ["d"]);
+        assert_eq!(d.updated, ["b"]);
+        assert_eq!(d.removed, ["c"]);
+        assert!(diff(&new, &new).is_empty());
+        assert_eq!(diff(&new, &DeviceTree::default()).removed, ["a", "b", "d"]);
+    }
+
+    #[test]
+    fn claims_are_exclusive() {
+        let claims = Claims::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        claims.claim("ns/x", &a).unwrap();
+        claims.claim("ns/x", &a).unwrap();
+        assert_eq!(&*claims.claim("ns/x", &b).unwrap_err(), "a");
+        claims.release("ns/x", &b);
+        assert!(claims.claim("ns/x", &b).is_err());
+        claims.release("ns/x", &a);
+        claims.claim("ns/x", &b).unwrap();
+    }
+}

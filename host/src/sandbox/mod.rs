@@ -1,0 +1,273 @@
+//! The wasm sandbox: one engine and linker per host, one store per guest instance.
+//!
+//! What a guest gets, and nothing more:
+//! - `/sys`: the host's sys root as a read-only WASI preopen (the whole tree, because sysfs links
+//!   are relative and would otherwise point outside the preopen);
+//! - `/dev`: metadata only, through the `devfs` import ([`devfs`]);
+//! - the environment variables its configuration names, no arguments, no stdin, no network;
+//! - stdout/stderr as rate-limited log lines ([`output`]);
+//! - a memory cap, a CPU budget enforced with epoch interruption, and a deadline on hook calls.
+
+pub mod bindings;
+pub mod devfs;
+mod engine;
+mod open_guard;
+pub mod output;
+mod state;
+pub mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+use wasmtime::{Engine, Store, StoreLimitsBuilder};
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+pub use engine::TICK;
+pub use state::{CpuBudget, GuestState, Stopped};
+
+use self::devfs::DevFs;
+use self::output::{GuestOutput, Stream};
+use self::watch::ChangeWatcher;
+
+/// Per-guest resource limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestLimits {
+    /// Cap on each linear memory of the guest, in bytes.
+    pub memory: u64,
+    /// Longest a guest may compute without calling the host, and the deadline of each hook call.
+    pub call_timeout: Duration,
+}
+
+impl Default for GuestLimits {
+    fn default() -> Self {
+        GuestLimits {
+            memory: 64 << 20,
+            call_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Who a guest is and what it is given.
+#[derive(Debug, Clone)]
+pub struct GuestSpec {
+    /// Name used in logs and errors.
+    pub name: Arc<str>,
+    /// The guest's whole environment.
+    pub env: Vec<(String, String)>,
+    pub limits: GuestLimits,
+}
+
+/// Where a sandbox's guests see /sys and /dev from.
+#[derive(Debug, Clone)]
+pub struct Roots {
+    pub sys: PathBuf,
+    pub dev: PathBuf,
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Roots {
+            sys: "/sys".into(),
+            dev: "/dev".into(),
+        }
+    }
+}
+
+/// Errors setting up the sandbox or loading a component.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot open the dev root {path}: {source}")]
+    DevRoot {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot use the sys root {path}: {source}")]
+    SysRoot {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read component {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {source}")]
+    Compile {
+        path: PathBuf,
+        source: wasmtime::Error,
+    },
+    #[error("{path} needs imports this host does not provide: {source}")]
+    Link {
+        path: PathBuf,
+        source: wasmtime::Error,
+    },
+    #[error("{path} does not export {export}: {source}")]
+    MissingExport {
+        path: PathBuf,
+        export: &'static str,
+        source: wasmtime::Error,
+    },
+    #[error("wasmtime: {0}")]
+    Engine(wasmtime::Error),
+}
+
+/// The engine, the linker and the host resources all guests share.
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    roots: Roots,
+    devfs: Arc<DevFs>,
+    changes: ChangeWatcher,
+}
+
+impl Sandbox {
+    /// Builds the sandbox over `roots`. Must run inside a tokio runtime (change watching).
+    pub fn new(roots: Roots) -> Result<Arc<Self>, SandboxError> {
+        let devfs = DevFs::open(&roots.dev).map_err(|source| SandboxError::DevRoot {
+            path: roots.dev.clone(),
+            source,
+        })?;
+        std::fs::read_dir(&roots.sys).map_err(|source| SandboxError::SysRoot {
+            path: roots.sys.clone(),
+            source,
+        })?;
+        let engine = engine::new_engine().map_err(SandboxError::Engine)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
+        open_guard::install(&mut linker).map_err(SandboxError::Engine)?;
+        bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+            .map_err(SandboxError::Engine)?;
+        let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
+        Ok(Arc::new(Sandbox {
+            engine,
+            linker,
+            roots,
+            devfs: Arc::new(devfs),
+            changes,
+        }))
+    }
+
+    /// The roots guests see.
+    pub fn roots(&self) -> &Roots {
+        &self.roots
+    }
+
+    /// Reads and compiles a component file. Compiling is CPU-heavy (milliseconds for Rust guests,
+    /// seconds for Python), so it runs on the blocking pool.
+    pub async fn load(&self, path: &Path) -> Result<LoadedComponent, SandboxError> {
+        let bytes = tokio::fs::read(path)
+            .await
+            .map_err(|source| SandboxError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let engine = self.engine.clone();
+        let compiled = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
+            .await
+            .map_err(|e| SandboxError::Engine(wasmtime::format_err!("compile task failed: {e}")))?;
+        let component = compiled.map_err(|source| SandboxError::Compile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|source| SandboxError::Link {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(LoadedComponent {
+            path: path.to_path_buf(),
+            pre,
+        })
+    }
+
+    /// A fresh store for one instance of `guest`. `sink` receives its notified trees.
+    pub fn store(
+        &self,
+        guest: &GuestSpec,
+        sink: Option<mpsc::Sender<crate::scanner::ScannerEvent>>,
+    ) -> Result<Store<GuestState>, SandboxError> {
+        let stderr = GuestOutput::new(guest.name.clone(), Stream::Stderr);
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.envs(&guest.env)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .stdout(GuestOutput::new(guest.name.clone(), Stream::Stdout))
+            .stderr(stderr.clone())
+            .preopened_dir(&self.roots.sys, "/sys", FsPerms::ReadOnly)
+            .map_err(|e| SandboxError::SysRoot {
+                path: self.roots.sys.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(usize::try_from(guest.limits.memory).unwrap_or(usize::MAX))
+            .table_elements(1 << 20)
+            .trap_on_grow_failure(true)
+            .build();
+        let state = GuestState {
+            name: guest.name.clone(),
+            wasi: wasi.build(),
+            table: Default::default(),
+            limits,
+            devfs: self.devfs.clone(),
+            changes: self.changes.subscribe(),
+            sink,
+            cpu: CpuBudget::new(guest.limits.call_timeout),
+            stderr,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| ctx.data_mut().cpu.on_tick());
+        Ok(store)
+    }
+}
+
+/// A compiled component, linked against the host and ready to instantiate many times.
+#[derive(Clone)]
+pub struct LoadedComponent {
+    path: PathBuf,
+    pre: InstancePre<GuestState>,
+}
+
+impl LoadedComponent {
+    /// The file it came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Checks that it exports `scanner`.
+    pub fn scanner(&self) -> Result<bindings::scanner::ScannerPluginPre<GuestState>, SandboxError> {
+        bindings::scanner::ScannerPluginPre::new(self.pre.clone()).map_err(|source| {
+            SandboxError::MissingExport {
+                path: self.path.clone(),
+                export: "wdp:device-plugin/scanner",
+                source,
+            }
+        })
+    }
+
+    /// The `post-allocator` export, if any.
+    pub fn post_allocator(
+        &self,
+    ) -> Option<bindings::post_allocator::PostAllocatorPluginPre<GuestState>> {
+        bindings::post_allocator::PostAllocatorPluginPre::new(self.pre.clone()).ok()
+    }
+
+    /// The `preferred-allocator` export, if any.
+    pub fn preferred_allocator(
+        &self,
+    ) -> Option<bindings::preferred_allocator::PreferredAllocatorPluginPre<GuestState>> {
+        bindings::preferred_allocator::PreferredAllocatorPluginPre::new(self.pre.clone()).ok()
+    }
+
+    /// The `pre-starter` export, if any.
+    pub fn pre_starter(&self) -> Option<bindings::pre_starter::PreStarterPluginPre<GuestState>> {
+        bindings::pre_starter::PreStarterPluginPre::new(self.pre.clone()).ok()
+    }
+}

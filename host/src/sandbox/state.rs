@@ -1,0 +1,194 @@
+//! What one guest instance owns: its WASI context, its limits, and the host side of the WIT
+//! imports (`notifier`, `devfs`).
+//!
+//! A `GuestState` lives in exactly one `Store`, and a store runs exactly one instance: after a
+//! trap or a cancelled call the instance is poisoned, so the supervisor drops the whole store and
+//! builds a new one.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{devfs, notifier, types};
+use super::devfs::{DevFs, Node, NodeKind};
+use super::engine::TICK;
+use crate::scanner::ScannerEvent;
+use crate::tree::DeviceTree;
+
+/// Why the host stopped a guest (as opposed to the guest trapping on its own).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Stopped {
+    #[error("ran {0:?} of CPU without calling the host (spinning?)")]
+    CpuBudget(Duration),
+    #[error("the host stopped listening for its trees")]
+    SinkClosed,
+}
+
+/// The store data of one guest instance.
+pub struct GuestState {
+    pub(crate) name: Arc<str>,
+    pub(crate) wasi: WasiCtx,
+    pub(crate) table: ResourceTable,
+    pub(crate) limits: StoreLimits,
+    pub(crate) devfs: Arc<DevFs>,
+    pub(crate) changes: watch::Receiver<u64>,
+    /// Where trees go; `None` for hook instances, which have no business notifying.
+    pub(crate) sink: Option<mpsc::Sender<ScannerEvent>>,
+    pub(crate) cpu: CpuBudget,
+    pub(crate) stderr: super::output::GuestOutput,
+}
+
+impl GuestState {
+    /// The guest's last few stderr lines: a Rust guest prints its panic message there before
+    /// it traps.
+    pub fn stderr_tail(&self) -> Option<String> {
+        self.stderr.tail()
+    }
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// CPU accounting from epoch ticks.
+///
+/// A guest is expected to call the host (notify, devfs, wait-for-change) between bursts of work.
+/// Each epoch tick spent in wasm counts; a call into one of our imports resets the count. A gap of
+/// several ticks between two callbacks means the guest was blocked in some WASI call (a sleep, a
+/// read) rather than computing, so it resets the count too. A guest that computes for longer than
+/// `limit` without either is stopped.
+#[derive(Debug)]
+pub struct CpuBudget {
+    limit: Duration,
+    max_ticks: u32,
+    ticks: u32,
+    last: Instant,
+}
+
+impl CpuBudget {
+    /// A budget of `limit` of continuous computation.
+    pub fn new(limit: Duration) -> Self {
+        let max_ticks = (limit.as_millis() / TICK.as_millis()).clamp(1, u32::MAX as u128) as u32;
+        CpuBudget {
+            limit,
+            max_ticks,
+            ticks: 0,
+            last: Instant::now(),
+        }
+    }
+
+    /// The guest called the host: its computing slice ends here.
+    pub fn check_in(&mut self) {
+        self.ticks = 0;
+        self.last = Instant::now();
+    }
+
+    /// Called from the epoch deadline callback.
+    pub fn on_tick(&mut self) -> wasmtime::Result<UpdateDeadline> {
+        let now = Instant::now();
+        if now.duration_since(self.last) > TICK * 5 {
+            self.ticks = 0;
+        }
+        self.last = now;
+        self.ticks += 1;
+        if self.ticks > self.max_ticks {
+            return Err(Stopped::CpuBudget(self.limit).into());
+        }
+        // Yield so a busy guest never holds a tokio worker for more than a tick.
+        Ok(UpdateDeadline::Yield(1))
+    }
+}
+
+impl types::Host for GuestState {}
+
+impl notifier::Host for GuestState {
+    async fn notify(&mut self, tree: types::DeviceTree) -> wasmtime::Result<()> {
+        self.cpu.check_in();
+        let Some(sink) = &self.sink else {
+            tracing::warn!(scanner = &*self.name, "a hook called notify; ignored");
+            return Ok(());
+        };
+        let notified = match DeviceTree::from_guest(tree) {
+            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
+            Err(e) => {
+                tracing::warn!(scanner = &*self.name, rule = %e, "device tree refused");
+                ScannerEvent::Refused(e)
+            }
+        };
+        // Waiting here back-pressures a guest that notifies faster than the host consumes.
+        sink.send(notified).await.map_err(|_| Stopped::SinkClosed)?;
+        self.cpu.check_in();
+        Ok(())
+    }
+}
+
+impl devfs::Host for GuestState {
+    async fn read_dir(
+        &mut self,
+        path: String,
+    ) -> wasmtime::Result<Result<Vec<devfs::Node>, String>> {
+        self.cpu.check_in();
+        Ok(self
+            .devfs
+            .read_dir(&path)
+            .map(|nodes| nodes.into_iter().map(to_wit).collect())
+            .map_err(|e| e.to_string()))
+    }
+
+    async fn stat(&mut self, path: String) -> wasmtime::Result<Result<devfs::Node, String>> {
+        self.cpu.check_in();
+        Ok(self
+            .devfs
+            .stat(&path)
+            .map(to_wit)
+            .map_err(|e| e.to_string()))
+    }
+
+    async fn read_link(&mut self, path: String) -> wasmtime::Result<Result<String, String>> {
+        self.cpu.check_in();
+        Ok(self.devfs.read_link(&path).map_err(|e| e.to_string()))
+    }
+
+    async fn wait_for_change(&mut self, timeout_ms: u32) -> wasmtime::Result<bool> {
+        self.cpu.check_in();
+        let timeout = Duration::from_millis(timeout_ms.into());
+        let changed = match tokio::time::timeout(timeout, self.changes.changed()).await {
+            Ok(Ok(())) => true,
+            // The watcher is gone (inotify failed): behave as a plain sleep.
+            Ok(Err(_)) => {
+                tokio::time::sleep(timeout).await;
+                false
+            }
+            Err(_) => false,
+        };
+        self.changes.borrow_and_update();
+        self.cpu.check_in();
+        Ok(changed)
+    }
+}
+
+fn to_wit(node: Node) -> devfs::Node {
+    devfs::Node {
+        name: node.name,
+        kind: match node.kind {
+            NodeKind::CharDevice => devfs::NodeKind::CharDevice,
+            NodeKind::BlockDevice => devfs::NodeKind::BlockDevice,
+            NodeKind::Directory => devfs::NodeKind::Directory,
+            NodeKind::Symlink => devfs::NodeKind::Symlink,
+            NodeKind::File => devfs::NodeKind::File,
+            NodeKind::Other => devfs::NodeKind::Other,
+        },
+        major: node.major,
+        minor: node.minor,
+        mode: node.mode,
+    }
+}

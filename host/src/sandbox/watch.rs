@@ -1,0 +1,201 @@
+//! Change notification behind WIT `devfs.wait-for-change`.
+//!
+//! One inotify instance per host watches the dev root recursively (new directories are followed)
+//! and the class and bus directories of the sys root. Every event bumps a generation counter in a
+//! `tokio::sync::watch` channel. Each guest store holds its own receiver, which remembers the last
+//! generation that guest has seen: a change that happens while the guest is scanning is reported
+//! by its next `wait-for-change` at once, so no hot-plug is lost between a scan and the next wait.
+//!
+//! Real sysfs emits few inotify events (kernfs only notifies attribute changes), so /sys watches
+//! mostly serve fixture trees; on a real node /dev is what moves when devices come and go.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Upper bound on inotify watches per host; beyond it new directories are not followed.
+const MAX_WATCHES: usize = 8192;
+
+/// Owns the watching task; dropping it stops the task.
+#[derive(Debug)]
+pub struct ChangeWatcher {
+    rx: watch::Receiver<u64>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for ChangeWatcher {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl ChangeWatcher {
+    /// Starts watching. Must run inside a tokio runtime. If inotify is unavailable (e.g. the
+    /// per-user instance limit is reached) the host still works: `wait-for-change` then only
+    /// returns at its timeout, and a warning says so.
+    pub fn start(dev_root: &Path, sys_root: &Path) -> Self {
+        let (tx, rx) = watch::channel(0u64);
+        let task = match Watching::new(dev_root, sys_root) {
+            Ok(watching) => Some(tokio::spawn(watching.run(tx))),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "inotify unavailable: scanners will only rescan at their timeout"
+                );
+                None
+            }
+        };
+        ChangeWatcher { rx, task }
+    }
+
+    /// A receiver for one guest, with every change so far marked as seen.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        let mut rx = self.rx.clone();
+        rx.borrow_and_update();
+        rx
+    }
+}
+
+struct Watching {
+    stream: inotify::EventStream<Vec<u8>>,
+    watches: Watches,
+    /// Directories whose new subdirectories are followed (the dev root's tree).
+    recursive: HashMap<WatchDescriptor, PathBuf>,
+}
+
+const DIR_MASK: WatchMask = WatchMask::CREATE
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::ATTRIB)
+    .union(WatchMask::DONT_FOLLOW)
+    .union(WatchMask::ONLYDIR);
+
+impl Watching {
+    fn new(dev_root: &Path, sys_root: &Path) -> std::io::Result<Self> {
+        let inotify = Inotify::init()?;
+        let stream = inotify.into_event_stream(vec![0u8; 16 * 1024])?;
+        let mut this = Watching {
+            watches: stream.watches(),
+            stream,
+            recursive: HashMap::new(),
+        };
+        this.add_tree(dev_root);
+        for top in ["class", "bus"] {
+            let top = sys_root.join(top);
+            this.add_one(&top);
+            for child in subdirs(&top) {
+                this.add_one(&child);
+                this.add_one(&child.join("devices"));
+            }
+        }
+        Ok(this)
+    }
+
+    fn add_one(&mut self, dir: &Path) -> Option<WatchDescriptor> {
+        if self.watch_count() >= MAX_WATCHES {
+            return None;
+        }
+        self.watches.add(dir, DIR_MASK).ok()
+    }
+
+    fn watch_count(&self) -> usize {
+        // Recursive watches dominate; sys watches are a few hundred at most.
+        self.recursive.len()
+    }
+
+    /// Watches `dir` and every directory below it (symlinks are not followed).
+    fn add_tree(&mut self, dir: &Path) {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let Some(wd) = self.add_one(&dir) else {
+                continue;
+            };
+            stack.extend(subdirs(&dir));
+            self.recursive.insert(wd, dir);
+        }
+    }
+
+    async fn run(mut self, tx: watch::Sender<u64>) {
+        while let Some(event) = self.stream.next().await {
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, "inotify read failed; change watching stops");
+                    return;
+                }
+            };
+            let new_dir = event.mask.contains(EventMask::ISDIR)
+                && event
+                    .mask
+                    .intersects(EventMask::CREATE | EventMask::MOVED_TO);
+            if let (true, Some(parent), Some(name)) =
+                (new_dir, self.recursive.get(&event.wd), &event.name)
+            {
+                let child = parent.join(name);
+                self.add_tree(&child);
+            }
+            if event.mask.contains(EventMask::IGNORED) {
+                self.recursive.remove(&event.wd);
+            }
+            tx.send_modify(|generation| *generation += 1);
+            if tx.is_closed() {
+                return;
+            }
+        }
+    }
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn sees_new_files_in_new_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dev = tmp.path().join("dev");
+        let sys = tmp.path().join("sys");
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::create_dir_all(sys.join("class/drm")).unwrap();
+        let watcher = ChangeWatcher::start(&dev, &sys);
+        let mut rx = watcher.subscribe();
+        let wait = |rx: &mut watch::Receiver<u64>| {
+            let mut rx = rx.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(5), rx.changed())
+                    .await
+                    .is_ok()
+            }
+        };
+
+        std::fs::create_dir(dev.join("dri")).unwrap();
+        assert!(wait(&mut rx).await, "mkdir under the dev root");
+        rx.borrow_and_update();
+        // Give the watcher a moment to add the new directory's watch, then touch inside it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        rx.borrow_and_update();
+        std::fs::write(dev.join("dri/card0"), "").unwrap();
+        assert!(wait(&mut rx).await, "new file in a new directory");
+        rx.borrow_and_update();
+        std::fs::create_dir(sys.join("class/drm/card0")).unwrap();
+        assert!(wait(&mut rx).await, "new sysfs class entry");
+    }
+}

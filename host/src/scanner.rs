@@ -1,0 +1,158 @@
+//! Running and supervising one scanner guest.
+//!
+//! [`supervise`] owns the guest: it instantiates it in a fresh store, calls `scan` (which loops,
+//! notifying trees, until the host stops it), and on a trap, an error, a CPU or memory overrun
+//! drops the store and starts again from the same `InstancePre`, with exponential backoff. Its
+//! [`ScannerEvent`]s are the only thing that leaves: the caller decides what a tree means.
+//! Cancelling is dropping the future (or aborting the task that runs it); that drops the store and
+//! the guest with it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use wasmtime::Trap;
+
+use crate::sandbox::bindings::scanner::ScannerPluginPre;
+use crate::sandbox::{GuestSpec, GuestState, Sandbox, Stopped};
+use crate::tree::{DeviceTree, TreeError};
+
+/// What happens after a scanner fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Report the failure and stop (`wdp scan`: a dry run should fail loudly).
+    Never,
+    /// Restart after 1 s, doubling to 60 s; the delay resets after a minute of healthy running.
+    Backoff,
+}
+
+/// First restart delay.
+pub const BACKOFF_START: Duration = Duration::from_secs(1);
+/// Longest restart delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Running this long before a failure counts as healthy and resets the backoff.
+pub const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+
+/// Everything a supervised scanner reports, in order.
+#[derive(Debug, Clone)]
+pub enum ScannerEvent {
+    /// A notified tree that passed validation.
+    Tree(Arc<DeviceTree>),
+    /// A notified tree that was refused as a whole; the previous tree stays in force.
+    Refused(TreeError),
+    /// The instance failed; it restarts after `restart_in`, or never when `None`.
+    Failed {
+        error: String,
+        restart_in: Option<Duration>,
+    },
+    /// `scan` returned ok: the scanner is done, its last tree stays served.
+    Finished,
+}
+
+/// A scanner ready to run: its identity and its linked component.
+#[derive(Clone)]
+pub struct Scanner {
+    pub spec: GuestSpec,
+    pub pre: ScannerPluginPre<GuestState>,
+}
+
+/// Runs `scanner` until it finishes, fails under [`RestartPolicy::Never`], or `events` closes.
+pub async fn supervise(
+    sandbox: Arc<Sandbox>,
+    scanner: Scanner,
+    policy: RestartPolicy,
+    events: mpsc::Sender<ScannerEvent>,
+) {
+    let name = scanner.spec.name.clone();
+    let mut delay = BACKOFF_START;
+    loop {
+        let started = Instant::now();
+        let error = match run_once(&sandbox, &scanner, events.clone()).await {
+            Ok(()) => {
+                tracing::info!(
+                    scanner = &*name,
+                    "scanner finished; its last tree stays served"
+                );
+                let _ = events.send(ScannerEvent::Finished).await;
+                return;
+            }
+            Err(error) => error,
+        };
+        if events.is_closed() {
+            return;
+        }
+        if started.elapsed() >= HEALTHY_AFTER {
+            delay = BACKOFF_START;
+        }
+        let restart_in = match policy {
+            RestartPolicy::Never => None,
+            RestartPolicy::Backoff => Some(delay),
+        };
+        tracing::warn!(scanner = &*name, %error, ?restart_in, "scanner failed");
+        let failed = ScannerEvent::Failed { error, restart_in };
+        if events.send(failed).await.is_err() {
+            return;
+        }
+        let Some(wait) = restart_in else { return };
+        tokio::time::sleep(wait).await;
+        delay = (delay * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// One instance, from instantiation to the end of `scan`. The error is a one-line cause.
+async fn run_once(
+    sandbox: &Sandbox,
+    scanner: &Scanner,
+    events: mpsc::Sender<ScannerEvent>,
+) -> Result<(), String> {
+    let mut store = sandbox
+        .store(&scanner.spec, Some(events))
+        .map_err(|e| e.to_string())?;
+    let plugin = scanner
+        .pre
+        .instantiate_async(&mut store)
+        .await
+        .map_err(|e| format!("instantiation failed: {}", describe(&e, &scanner.spec)))?;
+    match plugin
+        .wdp_device_plugin_scanner()
+        .call_scan(&mut store)
+        .await
+    {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(message)) => Err(format!("scan returned an error: {message}")),
+        Err(e) => {
+            let mut cause = describe(&e, &scanner.spec);
+            if let Some(tail) = store.data().stderr_tail() {
+                cause.push_str(&format!(" (last stderr: {tail})"));
+            }
+            Err(cause)
+        }
+    }
+}
+
+/// Turns a wasmtime error into a cause an operator can act on.
+pub fn describe(error: &wasmtime::Error, spec: &GuestSpec) -> String {
+    if let Some(stopped) = error.downcast_ref::<Stopped>() {
+        return format!("stopped by the host: {stopped}");
+    }
+    let text = format!("{error:?}");
+    if text.contains("forcing trap when growing memory") {
+        return format!(
+            "exceeded its memory limit of {} MiB",
+            spec.limits.memory >> 20
+        );
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".into(),
+        // Rust guests panic by trapping on `unreachable`, after printing the panic to stderr.
+        Some(Trap::UnreachableCodeReached) => {
+            "trapped: unreachable instruction (a Rust guest panicked?)".into()
+        }
+        Some(trap) => format!("trapped: {trap}"),
+        None => first_line(&text),
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or(text).to_string()
+}

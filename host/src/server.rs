@@ -1,0 +1,556 @@
+//! One kubelet device plugin server per resource `<namespace>/<dev-type>`.
+//!
+//! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves,
+//! then registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to
+//! appear rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or
+//! our socket is deleted (kubelet's cleanup), it serves again and re-registers at once. Stopping
+//! cancels the task, which ends every stream, removes the socket and leaves nothing behind,
+//! whatever state it was in.
+//!
+//! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
+//! or absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::net::UnixListener;
+use tokio::sync::{broadcast, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::allocate::{self, AllocateError, ContainerResponse};
+use crate::hooks::{HookError, Hooks};
+use crate::kubelet::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use crate::kubelet::api::{self, DevicePluginOptions};
+use crate::kubelet::dir::{self, DirEvent, PluginDir};
+use crate::kubelet::register;
+use crate::sandbox::bindings::types as wit;
+use crate::tree::DeviceGroup;
+
+/// Longest socket path Linux accepts (`sun_path` is 108 bytes, including the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Where kubelet is and where plugin sockets go; shared by every server of a host.
+pub struct Kubelet {
+    pub dir: PluginDir,
+    pub socket: PathBuf,
+}
+
+/// A resource's names, derived once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    /// `<namespace>/<dev-type>`, what pods request.
+    pub name: String,
+    pub dev_type: String,
+    /// The socket's file name, `<namespace>-<dev-type>.sock`, sent to kubelet as the endpoint.
+    pub endpoint: String,
+    /// The socket's full path.
+    pub socket: PathBuf,
+}
+
+/// A resource whose socket path would not fit in a Unix socket address.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "socket path {path} for {resource} is {len} bytes; Unix sockets allow {MAX_SOCKET_PATH}: use a shorter namespace, dev-type or plugin directory"
+)]
+pub struct SocketTooLong {
+    pub resource: String,
+    pub path: String,
+    pub len: usize,
+}
+
+impl Resource {
+    /// Names the resource `namespace/dev_type`, served in `plugin_dir`.
+    pub fn new(namespace: &str, dev_type: &str, plugin_dir: &Path) -> Result<Self, SocketTooLong> {
+        let name = format!("{namespace}/{dev_type}");
+        let endpoint = format!("{namespace}-{dev_type}.sock");
+        let socket = plugin_dir.join(&endpoint);
+        let len = socket.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(SocketTooLong {
+                resource: name,
+                path: socket.display().to_string(),
+                len,
+            });
+        }
+        Ok(Resource {
+            name,
+            dev_type: dev_type.into(),
+            endpoint,
+            socket,
+        })
+    }
+}
+
+/// A running resource server. Dropping it without [`ResourceServer::stop`] also stops it.
+pub struct ResourceServer {
+    resource: Resource,
+    devices: watch::Sender<Arc<DeviceGroup>>,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for ResourceServer {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl ResourceServer {
+    /// Starts serving `devices` as `resource`.
+    pub fn start(
+        kubelet: Arc<Kubelet>,
+        resource: Resource,
+        devices: Arc<DeviceGroup>,
+        hooks: Option<Arc<Hooks>>,
+    ) -> Self {
+        let (tx, rx) = watch::channel(devices);
+        let cancel = CancellationToken::new();
+        let service = PluginService {
+            resource: Arc::new(resource.clone()),
+            devices: rx,
+            hooks,
+            stop: cancel.clone(),
+        };
+        let task = tokio::spawn(lifecycle(kubelet, service, cancel.clone()));
+        ResourceServer {
+            resource,
+            devices: tx,
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    /// The resource served.
+    pub fn resource(&self) -> &Resource {
+        &self.resource
+    }
+
+    /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
+    pub fn update(&self, devices: Arc<DeviceGroup>) {
+        self.devices.send_replace(devices);
+    }
+
+    /// Stops serving: streams end, the socket is removed. Returns once all of that is done.
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Why a served socket stopped being useful.
+enum Restart {
+    /// kubelet restarted (`kubelet.sock` recreated) or deleted our socket.
+    Kubelet,
+    /// The server was stopped.
+    Stopped,
+}
+
+/// Serve, register, wait, and again after every kubelet restart, until cancelled.
+async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: CancellationToken) {
+    let resource = service.resource.clone();
+    // Subscribe first: events from here on are seen, including those racing our own setup.
+    let mut events = kubelet.dir.subscribe();
+    let mut bind_delay = Duration::from_millis(100);
+    loop {
+        let started = Instant::now();
+        let listener = match bind(&resource.socket) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(resource = %resource.name, socket = %resource.socket.display(), error = %e, "cannot listen; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(bind_delay) => {}
+                }
+                bind_delay = (bind_delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let inode = socket_inode(&resource.socket);
+        let serving = cancel.child_token();
+        let server = tokio::spawn(serve(listener, service.clone(), serving.clone()));
+
+        let outcome = match register_until_done(&kubelet, &service, &cancel, &mut events, inode)
+            .await
+        {
+            Registration::Stopped => Restart::Stopped,
+            Registration::SocketGone => Restart::Kubelet,
+            Registration::Done => {
+                tracing::info!(resource = %resource.name, elapsed = ?started.elapsed(), "registered with kubelet");
+                wait_for_restart(&kubelet, &resource, &cancel, &mut events, inode).await
+            }
+        };
+        serving.cancel();
+        let _ = server.await;
+        if let Restart::Stopped = outcome {
+            break;
+        }
+        tracing::info!(resource = %resource.name, "kubelet restarted; serving and registering again");
+    }
+    // After a kubelet cleanup the socket may already be gone; that is fine.
+    let _ = std::fs::remove_file(&resource.socket);
+    tracing::info!(resource = %resource.name, "stopped");
+}
+
+/// How a registration attempt ended.
+enum Registration {
+    Done,
+    /// kubelet cleaned the directory while we were starting: serve again.
+    SocketGone,
+    Stopped,
+}
+
+/// Registers until it succeeds, our socket disappears, or the server is stopped.
+async fn register_until_done(
+    kubelet: &Kubelet,
+    service: &PluginService,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+    inode: Option<u64>,
+) -> Registration {
+    let resource = &service.resource;
+    let mut delay = Duration::from_millis(50);
+    let mut warned = false;
+    loop {
+        if socket_inode(&resource.socket) != inode {
+            return Registration::SocketGone;
+        }
+        if kubelet.socket.exists() {
+            let attempt = register::register(
+                &kubelet.socket,
+                &resource.endpoint,
+                &resource.name,
+                service.options(),
+            );
+            let result = tokio::select! {
+                _ = cancel.cancelled() => return Registration::Stopped,
+                r = attempt => r,
+            };
+            match result {
+                Ok(()) => return Registration::Done,
+                Err(e) if !warned => {
+                    tracing::warn!(resource = %resource.name, error = %e, "registration failed; retrying");
+                    warned = true;
+                }
+                Err(e) => {
+                    tracing::debug!(resource = %resource.name, error = %e, "registration failed")
+                }
+            }
+        } else if !warned {
+            tracing::warn!(resource = %resource.name, kubelet = %kubelet.socket.display(), "kubelet socket absent; waiting for it");
+            warned = true;
+        }
+        // Wait for kubelet.sock to (re)appear, with a backoff as a safety net.
+        let kubelet_name = kubelet
+            .socket
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        let deadline = tokio::time::sleep(delay);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Registration::Stopped,
+                _ = &mut deadline => break,
+                event = dir::next_event(events) => match event {
+                    Some(DirEvent::Created(name)) if Some(&name) == kubelet_name.as_ref() => break,
+                    Some(DirEvent::Overflow) | None => break,
+                    Some(_) => {}
+                },
+            }
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// After registering: waits for kubelet to restart or for a stop.
+async fn wait_for_restart(
+    kubelet: &Kubelet,
+    resource: &Resource,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+    inode: Option<u64>,
+) -> Restart {
+    let kubelet_name = kubelet
+        .socket
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    // Events queued before registration finished are history now.
+    while events.try_recv().is_ok() {}
+    loop {
+        if socket_inode(&resource.socket) != inode {
+            return Restart::Kubelet;
+        }
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return Restart::Stopped,
+            event = dir::next_event(events) => event,
+        };
+        match event {
+            Some(DirEvent::Created(name)) if Some(&name) == kubelet_name.as_ref() => {
+                return Restart::Kubelet;
+            }
+            // A removal of our socket is re-checked by inode at the top of the loop.
+            Some(_) => {}
+            // The directory watch is gone: nothing more to wait for but the stop.
+            None => {
+                cancel.cancelled().await;
+                return Restart::Stopped;
+            }
+        }
+    }
+}
+
+/// Runs the gRPC server on `listener` until `stop`; streams end first so shutdown is prompt.
+async fn serve(listener: UnixListener, service: PluginService, stop: CancellationToken) {
+    let service = PluginService {
+        stop: stop.clone(),
+        ..service
+    };
+    let result = tonic::transport::Server::builder()
+        .add_service(DevicePluginServer::new(service))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled_owned())
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "device plugin server failed");
+    }
+}
+
+fn bind(socket: &Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    UnixListener::bind(socket)
+}
+
+fn socket_inode(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
+/// The DevicePlugin service of one resource. Cheap to clone: one per connection.
+#[derive(Clone)]
+struct PluginService {
+    resource: Arc<Resource>,
+    devices: watch::Receiver<Arc<DeviceGroup>>,
+    hooks: Option<Arc<Hooks>>,
+    /// Cancelled when this socket stops serving; ends open streams.
+    stop: CancellationToken,
+}
+
+impl PluginService {
+    fn options(&self) -> DevicePluginOptions {
+        self.hooks.as_ref().map(|h| h.options()).unwrap_or_default()
+    }
+}
+
+fn to_list(devices: &DeviceGroup) -> api::ListAndWatchResponse {
+    api::ListAndWatchResponse {
+        devices: devices
+            .iter()
+            .map(|(id, info)| api::Device {
+                id: id.clone(),
+                health: info.health.as_str().into(),
+                topology: info.numa_nodes.as_ref().map(|nodes| api::TopologyInfo {
+                    nodes: nodes
+                        .iter()
+                        .map(|&n| api::NumaNode { id: n.into() })
+                        .collect(),
+                }),
+            })
+            .collect(),
+    }
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DevicePlugin for PluginService {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
+        Ok(Response::new(self.options()))
+    }
+
+    type ListAndWatchStream = ListStream;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<api::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        // Each stream owns its receiver: streams never compete for updates.
+        let mut rx = self.devices.clone();
+        rx.mark_changed();
+        let stop = self.stop.clone();
+        let stream = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
+            tokio::select! {
+                _ = stop.cancelled() => None,
+                changed = rx.changed() => {
+                    changed.ok()?;
+                    let list = to_list(&rx.borrow_and_update());
+                    Some((Ok(list), (rx, stop)))
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        request: Request<api::PreferredAllocationRequest>,
+    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
+        let hooks = self.hooks.as_ref().ok_or_else(not_advertised)?;
+        let requests: Vec<wit::ContainerPreferredAllocationRequest> = request
+            .into_inner()
+            .container_requests
+            .into_iter()
+            .map(|r| wit::ContainerPreferredAllocationRequest {
+                available_device_ids: r.available_device_i_ds,
+                must_include_device_ids: r.must_include_device_i_ds,
+                allocation_size: u32::try_from(r.allocation_size).unwrap_or(0),
+            })
+            .collect();
+        let answers = match hooks
+            .preferred_allocation(&self.resource.dev_type, &requests)
+            .await
+        {
+            None => return Err(not_advertised()),
+            Some(Err(e)) => return Err(hook_status(&self.resource, "get-preferred-allocation", e)),
+            Some(Ok(answers)) => answers,
+        };
+        if answers.len() != requests.len() {
+            return Err(Status::internal(format!(
+                "{}: get-preferred-allocation hook returned {} answers for {} requests",
+                self.resource.name,
+                answers.len(),
+                requests.len()
+            )));
+        }
+        // Only ids kubelet offered count; kubelet fills any shortfall itself.
+        let container_responses = answers
+            .into_iter()
+            .zip(&requests)
+            .map(|(ids, request)| {
+                let mut chosen: Vec<String> = Vec::new();
+                for id in ids {
+                    if request.available_device_ids.contains(&id) && !chosen.contains(&id) {
+                        chosen.push(id);
+                    }
+                }
+                api::ContainerPreferredAllocationResponse {
+                    device_i_ds: chosen,
+                }
+            })
+            .collect();
+        Ok(Response::new(api::PreferredAllocationResponse {
+            container_responses,
+        }))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let requests = request.into_inner().container_requests;
+        let devices = self.devices.borrow().clone();
+        let responses = allocate::default_responses(&self.resource.name, &devices, &requests)?;
+        let responses = match &self.hooks {
+            Some(hooks) if hooks.has_post_allocate() => {
+                self.post_allocate(hooks, &requests, responses).await?
+            }
+            _ => responses,
+        };
+        Ok(Response::new(api::AllocateResponse {
+            container_responses: responses
+                .into_iter()
+                .map(ContainerResponse::into_proto)
+                .collect(),
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        request: Request<api::PreStartContainerRequest>,
+    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        let hooks = self.hooks.as_ref().ok_or_else(not_advertised)?;
+        match hooks.pre_start(&self.resource.dev_type, &ids).await {
+            None => Err(not_advertised()),
+            Some(Ok(())) => Ok(Response::new(api::PreStartContainerResponse {})),
+            Some(Err(e)) => Err(hook_status(&self.resource, "pre-start-container", e)),
+        }
+    }
+}
+
+impl PluginService {
+    async fn post_allocate(
+        &self,
+        hooks: &Hooks,
+        requests: &[api::ContainerAllocateRequest],
+        responses: Vec<ContainerResponse>,
+    ) -> Result<Vec<ContainerResponse>, AllocateError> {
+        let resource = &self.resource.name;
+        let wit_requests: Vec<_> = requests
+            .iter()
+            .map(|r| wit::ContainerAllocateRequest {
+                device_ids: r.devices_ids.clone(),
+            })
+            .collect();
+        let wit_responses: Vec<_> = responses.iter().map(ContainerResponse::to_wit).collect();
+        let answer = hooks
+            .post_allocate(&self.resource.dev_type, &wit_requests, &wit_responses)
+            .await;
+        let answer = match answer {
+            None => return Ok(responses),
+            Some(Ok(answer)) => answer,
+            Some(Err(HookError::Timeout(d))) => {
+                return Err(AllocateError::HookTimeout {
+                    resource: resource.clone(),
+                    cause: format!("no answer within {d:?}"),
+                });
+            }
+            Some(Err(e)) => {
+                return Err(AllocateError::Hook {
+                    resource: resource.clone(),
+                    cause: e.to_string(),
+                });
+            }
+        };
+        if answer.len() != requests.len() {
+            return Err(AllocateError::HookCount {
+                resource: resource.clone(),
+                got: answer.len(),
+                want: requests.len(),
+            });
+        }
+        answer
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| ContainerResponse::from_wit(i, r))
+            .collect::<Result<_, _>>()
+            .map_err(|source| AllocateError::HookInvalid {
+                resource: resource.clone(),
+                source,
+            })
+    }
+}
+
+fn not_advertised() -> Status {
+    Status::unimplemented("this device plugin does not advertise this call")
+}
+
+fn hook_status(resource: &Resource, hook: &str, e: HookError) -> Status {
+    let message = format!("{}: {hook} hook failed: {e}", resource.name);
+    match e {
+        HookError::Timeout(_) => Status::deadline_exceeded(message),
+        _ => Status::internal(message),
+    }
+}

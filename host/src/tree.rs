@@ -1,0 +1,444 @@
+//! The host's own model of a device tree.
+//!
+//! Guests hand the host WIT records (`wdp:device-plugin/types`); those are untrusted. This module is
+//! the only place they become host data: [`DeviceTree::from_guest`] checks every rule a kubelet
+//! resource depends on and refuses the whole tree on the first broken one, naming the rule and the
+//! offending value. Everything downstream (printing, the manager, the kubelet servers) only ever
+//! sees a validated [`DeviceTree`].
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::sandbox::bindings::types as wit;
+
+/// A device's health, as kubelet spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+}
+
+impl Health {
+    /// The string kubelet's API uses (`"Healthy"` / `"Unhealthy"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "Healthy",
+            Health::Unhealthy => "Unhealthy",
+        }
+    }
+}
+
+/// A device node given to a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceSpec {
+    pub container_path: String,
+    pub host_path: String,
+    pub permissions: String,
+}
+
+/// A bind mount given to a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    pub container_path: String,
+    pub host_path: String,
+    pub read_only: bool,
+}
+
+/// Everything needed to serve and allocate one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceInfo {
+    pub health: Health,
+    pub nodes: Vec<DeviceSpec>,
+    pub mounts: Vec<Mount>,
+    /// Sorted by key: env names are unique per device.
+    pub envs: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// `None`: the guest left topology to the host.
+    pub numa_nodes: Option<Vec<u32>>,
+    pub cdi_devices: Vec<String>,
+}
+
+/// All devices of one type, keyed (and so ordered) by device id.
+pub type DeviceGroup = BTreeMap<String, DeviceInfo>;
+
+/// A whole validated inventory: dev-type -> device id -> info.
+///
+/// Ordered maps make equality, diffing and printed output deterministic, which guests' list order
+/// is not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct DeviceTree(pub BTreeMap<String, DeviceGroup>);
+
+/// Why a guest's tree was refused. Each variant names the rule; the `value` is the offending input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error(
+        "dev-type {value:?} is invalid: it must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
+    )]
+    DevType { value: String },
+    #[error("dev-type {value:?} appears more than once in one tree")]
+    DuplicateDevType { value: String },
+    #[error(
+        "device id {value:?} in dev-type {dev_type:?} is invalid: it must be 1-63 characters with no control characters or '/'"
+    )]
+    DeviceId { dev_type: String, value: String },
+    #[error("device id {value:?} appears more than once in dev-type {dev_type:?}")]
+    DuplicateDeviceId { dev_type: String, value: String },
+    #[error(
+        "{what} {value:?} of {owner} must be an absolute, normalised path (no '..', '.' or '//')"
+    )]
+    Path {
+        owner: String,
+        what: &'static str,
+        value: String,
+    },
+    #[error("device node {value:?} of {owner} must be under /dev")]
+    NodeOutsideDev { owner: String, value: String },
+    #[error("permissions {value:?} of {owner} may only contain 'r', 'w' and 'm', each once")]
+    Permissions { owner: String, value: String },
+    #[error("env {value:?} of {owner} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")]
+    EnvName { owner: String, value: String },
+    #[error("{what} {value:?} of {owner} is set twice")]
+    DuplicateKey {
+        owner: String,
+        what: &'static str,
+        value: String,
+    },
+    #[error("annotation key {value:?} of {owner} is empty or too long (max 316 bytes)")]
+    AnnotationKey { owner: String, value: String },
+    #[error("CDI device {value:?} of {owner} is not fully qualified (vendor.example/class=name)")]
+    CdiName { owner: String, value: String },
+}
+
+impl DeviceTree {
+    /// Validates and converts what a guest notified. The whole tree is refused on the first error.
+    pub fn from_guest(groups: Vec<wit::DeviceGroup>) -> Result<Self, TreeError> {
+        let mut tree = BTreeMap::new();
+        for group in groups {
+            if !is_dev_type(&group.dev_type) {
+                return Err(TreeError::DevType {
+                    value: group.dev_type,
+                });
+            }
+            let mut devices = BTreeMap::new();
+            for device in group.devices {
+                if !is_device_id(&device.id) {
+                    return Err(TreeError::DeviceId {
+                        dev_type: group.dev_type,
+                        value: device.id,
+                    });
+                }
+                let info = DeviceInfo::from_guest(&device.id, device.info)?;
+                if devices.insert(device.id.clone(), info).is_some() {
+                    return Err(TreeError::DuplicateDeviceId {
+                        dev_type: group.dev_type,
+                        value: device.id,
+                    });
+                }
+            }
+            if tree.contains_key(&group.dev_type) {
+                return Err(TreeError::DuplicateDevType {
+                    value: group.dev_type,
+                });
+            }
+            tree.insert(group.dev_type, devices);
+        }
+        Ok(DeviceTree(tree))
+    }
+
+    /// Number of devices over all types.
+    pub fn device_count(&self) -> usize {
+        self.0.values().map(BTreeMap::len).sum()
+    }
+}
+
+impl DeviceInfo {
+    fn from_guest(id: &str, info: wit::DeviceInfo) -> Result<Self, TreeError> {
+        let owner = format!("device {id:?}");
+        let numa_nodes = info.numa_nodes.map(|mut n| {
+            n.sort_unstable();
+            n.dedup();
+            n
+        });
+        Ok(DeviceInfo {
+            health: match info.health {
+                wit::Health::Healthy => Health::Healthy,
+                wit::Health::Unhealthy => Health::Unhealthy,
+            },
+            nodes: check_nodes(&owner, info.nodes)?,
+            mounts: check_mounts(&owner, info.mounts)?,
+            envs: check_envs(&owner, info.envs)?,
+            annotations: check_annotations(&owner, info.annotations)?,
+            numa_nodes,
+            cdi_devices: check_cdi_names(&owner, info.cdi_devices)?,
+        })
+    }
+}
+
+/// Device nodes: normalised absolute paths, host path under /dev, permissions from "rwm".
+pub(crate) fn check_nodes(
+    owner: &str,
+    nodes: Vec<wit::DeviceSpec>,
+) -> Result<Vec<DeviceSpec>, TreeError> {
+    nodes
+        .into_iter()
+        .map(|node| {
+            check_path(owner, "container path", &node.container_path)?;
+            check_path(owner, "host path", &node.host_path)?;
+            if node.host_path != "/dev" && !node.host_path.starts_with("/dev/") {
+                return Err(TreeError::NodeOutsideDev {
+                    owner: owner.into(),
+                    value: node.host_path,
+                });
+            }
+            if !is_permissions(&node.permissions) {
+                return Err(TreeError::Permissions {
+                    owner: owner.into(),
+                    value: node.permissions,
+                });
+            }
+            Ok(DeviceSpec {
+                container_path: node.container_path,
+                host_path: node.host_path,
+                permissions: node.permissions,
+            })
+        })
+        .collect()
+}
+
+/// Mounts: normalised absolute paths on both sides.
+pub(crate) fn check_mounts(owner: &str, mounts: Vec<wit::Mount>) -> Result<Vec<Mount>, TreeError> {
+    mounts
+        .into_iter()
+        .map(|mount| {
+            check_path(owner, "mount container path", &mount.container_path)?;
+            check_path(owner, "mount host path", &mount.host_path)?;
+            Ok(Mount {
+                container_path: mount.container_path,
+                host_path: mount.host_path,
+                read_only: mount.read_only,
+            })
+        })
+        .collect()
+}
+
+/// Env names: POSIX names, each once.
+pub(crate) fn check_envs(
+    owner: &str,
+    envs: Vec<(String, String)>,
+) -> Result<BTreeMap<String, String>, TreeError> {
+    let mut out = BTreeMap::new();
+    for (key, value) in envs {
+        if !is_env_name(&key) {
+            return Err(TreeError::EnvName {
+                owner: owner.into(),
+                value: key,
+            });
+        }
+        if out.insert(key.clone(), value).is_some() {
+            return Err(TreeError::DuplicateKey {
+                owner: owner.into(),
+                what: "env",
+                value: key,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Annotation keys: non-empty, bounded, each once.
+pub(crate) fn check_annotations(
+    owner: &str,
+    annotations: Vec<(String, String)>,
+) -> Result<BTreeMap<String, String>, TreeError> {
+    let mut out = BTreeMap::new();
+    for (key, value) in annotations {
+        if key.is_empty() || key.len() > 316 {
+            return Err(TreeError::AnnotationKey {
+                owner: owner.into(),
+                value: key,
+            });
+        }
+        if out.insert(key.clone(), value).is_some() {
+            return Err(TreeError::DuplicateKey {
+                owner: owner.into(),
+                what: "annotation",
+                value: key,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// CDI device names: fully qualified.
+pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<String>, TreeError> {
+    if let Some(bad) = names.iter().find(|n| !is_cdi_name(n)) {
+        return Err(TreeError::CdiName {
+            owner: owner.into(),
+            value: bad.clone(),
+        });
+    }
+    Ok(names)
+}
+
+fn check_path(owner: &str, what: &'static str, path: &str) -> Result<(), TreeError> {
+    if is_normal_absolute_path(path) {
+        Ok(())
+    } else {
+        Err(TreeError::Path {
+            owner: owner.to_string(),
+            what,
+            value: path.to_string(),
+        })
+    }
+}
+
+/// True for `/`-rooted paths with no empty, `.` or `..` components and no NUL.
+pub fn is_normal_absolute_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    if path.len() > 4096 || path.contains('\0') {
+        return false;
+    }
+    rest.is_empty()
+        || rest
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// The name part of a Kubernetes extended resource name (kubelet's `IsQualifiedName`).
+fn is_dev_type(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// kubelet documents a 63 character limit for device ids; `/` would break CDI and socket names.
+fn is_device_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 63 && !s.chars().any(|c| c.is_control() || c == '/')
+}
+
+fn is_permissions(s: &str) -> bool {
+    let mut seen = [false; 3];
+    s.chars().all(|c| {
+        let i = match c {
+            'r' => 0,
+            'w' => 1,
+            'm' => 2,
+            _ => return false,
+        };
+        !std::mem::replace(&mut seen[i], true)
+    })
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// `vendor.example/class=name`, as the CDI spec qualifies device names.
+fn is_cdi_name(s: &str) -> bool {
+    let Some((kind, name)) = s.split_once('=') else {
+        return false;
+    };
+    let Some((vendor, class)) = kind.split_once('/') else {
+        return false;
+    };
+    let ok = |p: &str, extra: &[u8]| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
+    };
+    ok(vendor, b"-_.") && ok(class, b"-_") && ok(name, b"-_.:")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> wit::DeviceInfo {
+        wit::DeviceInfo {
+            health: wit::Health::Healthy,
+            nodes: vec![wit::DeviceSpec {
+                container_path: "/dev/kvm".into(),
+                host_path: "/dev/kvm".into(),
+                permissions: "rw".into(),
+            }],
+            mounts: vec![],
+            envs: vec![("A".into(), "1".into())],
+            annotations: vec![],
+            numa_nodes: None,
+            cdi_devices: vec!["vendor.example/class=dev0".into()],
+        }
+    }
+
+    fn tree(dev_type: &str, ids: &[&str], info: wit::DeviceInfo) -> Vec<wit::DeviceGroup> {
+        vec![wit::DeviceGroup {
+            dev_type: dev_type.into(),
+            devices: ids
+                .iter()
+                .map(|id| wit::Device {
+                    id: id.to_string(),
+                    info: info.clone(),
+                })
+                .collect(),
+        }]
+    }
+
+    #[test]
+    fn accepts_a_good_tree() {
+        let t = DeviceTree::from_guest(tree("kvm", &["kvm-1", "kvm-0"], info())).unwrap();
+        assert_eq!(t.device_count(), 2);
+        let ids: Vec<_> = t.0["kvm"].keys().cloned().collect();
+        assert_eq!(ids, ["kvm-0", "kvm-1"]);
+    }
+
+    #[test]
+    fn refuses_each_rule() {
+        let bad = |groups, needle: &str| {
+            let err = DeviceTree::from_guest(groups).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        };
+        bad(tree("", &["a"], info()), "dev-type \"\"");
+        bad(tree("a/b", &["a"], info()), "dev-type \"a/b\"");
+        bad(tree("kvm", &["a", "a"], info()), "more than once");
+        bad(tree("kvm", &[&"x".repeat(64)], info()), "device id");
+        let mut i = info();
+        i.nodes[0].host_path = "/dev/../etc/passwd".into();
+        bad(tree("kvm", &["a"], i), "normalised");
+        let mut i = info();
+        i.nodes[0].host_path = "/etc/passwd".into();
+        bad(tree("kvm", &["a"], i), "under /dev");
+        let mut i = info();
+        i.nodes[0].permissions = "rwx".into();
+        bad(tree("kvm", &["a"], i), "permissions");
+        let mut i = info();
+        i.envs.push(("1BAD".into(), "x".into()));
+        bad(tree("kvm", &["a"], i), "env \"1BAD\"");
+        let mut i = info();
+        i.envs.push(("A".into(), "2".into()));
+        bad(tree("kvm", &["a"], i), "set twice");
+        let mut i = info();
+        i.cdi_devices = vec!["nokind".into()];
+        bad(tree("kvm", &["a"], i), "CDI");
+        let mut g = tree("kvm", &["a"], info());
+        g.extend(tree("kvm", &["b"], info()));
+        bad(g, "appears more than once in one tree");
+    }
+
+    #[test]
+    fn paths() {
+        assert!(is_normal_absolute_path("/dev/dri/card0"));
+        assert!(is_normal_absolute_path("/"));
+        for p in ["dev/x", "/dev//x", "/dev/./x", "/dev/../x", "/dev/x/", ""] {
+            assert!(!is_normal_absolute_path(p), "{p}");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Fixture trees: a temp directory holding `sys/` and `dev/` shaped like the real thing.
+//!
+//! Device nodes are real character devices made with `mknod` (the tests run as root), so the
+//! host's devfs sees exactly what it sees on a node; sysfs entries are plain files and the same
+//! relative symlinks real sysfs uses (`class/x -> ../../devices/...`).
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{CWD, FileType, Mode, makedev, mknodat};
+
+/// A sys root and a dev root in a temp directory, removed on drop.
+pub struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Fixture {
+    /// Empty `sys/` and `dev/` directories.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        fs::create_dir_all(dir.path().join("sys")).expect("mkdir sys");
+        fs::create_dir_all(dir.path().join("dev")).expect("mkdir dev");
+        Fixture { dir }
+    }
+
+    /// The fixture's top directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The sys root (`<tmp>/sys`).
+    pub fn sys(&self) -> PathBuf {
+        self.dir.path().join("sys")
+    }
+
+    /// The dev root (`<tmp>/dev`).
+    pub fn dev(&self) -> PathBuf {
+        self.dir.path().join("dev")
+    }
+
+    /// Makes a character device `dev/<rel>` with the given numbers (parents created).
+    pub fn char_dev(&self, rel: &str, major: u32, minor: u32) -> &Self {
+        let path = self.dev().join(rel);
+        mknod_char(&path, major, minor);
+        self
+    }
+
+    /// Removes `dev/<rel>`.
+    pub fn remove_dev(&self, rel: &str) -> &Self {
+        fs::remove_file(self.dev().join(rel)).expect("remove dev node");
+        self
+    }
+
+    /// Writes the sysfs attribute `sys/<rel>` (parents created).
+    pub fn sys_file(&self, rel: &str, contents: &str) -> &Self {
+        write(&self.sys().join(rel), contents);
+        self
+    }
+
+    /// Makes the directory `sys/<rel>`.
+    pub fn sys_dir(&self, rel: &str) -> &Self {
+        fs::create_dir_all(self.sys().join(rel)).expect("mkdir");
+        self
+    }
+
+    /// Makes the symlink `sys/<link> -> <target>` (target stored verbatim, usually relative).
+    pub fn sys_link(&self, link: &str, target: &str) -> &Self {
+        link_at(&self.sys().join(link), target);
+        self
+    }
+
+    /// Makes the symlink `dev/<link> -> <target>`.
+    pub fn dev_link(&self, link: &str, target: &str) -> &Self {
+        link_at(&self.dev().join(link), target);
+        self
+    }
+
+    /// A sysfs device under `devices/<path>` with `attrs`, linked from `class/<class>/<name>`
+    /// with the relative link real sysfs has.
+    pub fn sys_class_device(
+        &self,
+        class: &str,
+        name: &str,
+        device_path: &str,
+        attrs: &[(&str, &str)],
+    ) -> &Self {
+        let dev_dir = format!("devices/{device_path}");
+        self.sys_dir(&dev_dir);
+        for (k, v) in attrs {
+            self.sys_file(&format!("{dev_dir}/{k}"), v);
+        }
+        let depth = 2; // class/<class>/
+        let target = format!("{}{dev_dir}", "../".repeat(depth));
+        self.sys_dir(&format!("class/{class}"));
+        self.sys_link(&format!("class/{class}/{name}"), &target);
+        self
+    }
+}
+
+/// `mknod` a character device, creating parents.
+pub fn mknod_char(path: &Path, major: u32, minor: u32) {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("mkdir parent");
+    }
+    mknodat(
+        CWD,
+        path,
+        FileType::CharacterDevice,
+        Mode::from_raw_mode(0o660),
+        makedev(major, minor),
+    )
+    .unwrap_or_else(|e| panic!("mknod {} (tests must run as root): {e}", path.display()));
+}
+
+fn write(path: &Path, contents: &str) {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("mkdir parent");
+    }
+    fs::write(path, contents).expect("write fixture file");
+}
+
+fn link_at(link: &Path, target: &str) {
+    if let Some(parent) = link.parent() {
+        fs::create_dir_all(parent).expect("mkdir parent");
+    }
+    symlink(target, link).expect("symlink");
+}

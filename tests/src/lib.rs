@@ -1,0 +1,135 @@
+//! Shared support for wdp's integration tests: guest components built from source (see
+//! `build.rs`), sysfs/dev fixture trees with real device nodes, and the `wdp` binary.
+
+pub mod fixture;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The compiled guest `name` (e.g. "kvm", "hostile"), built by this crate's build script.
+pub fn guest(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("WDP_GUESTS_DIR")).join(format!("{name}.wasm"));
+    assert!(path.exists(), "guest {} was not built", path.display());
+    path
+}
+
+/// The `wdp` binary of this workspace. `make test` builds it before running the tests.
+pub fn wdp_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/wdp
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executable lives in target/<profile>/deps");
+    let bin = profile_dir.join("wdp");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build -p wdp`, or `make test`)",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `wdp` with `args` and returns its output.
+pub fn wdp(args: &[&str]) -> Output {
+    Command::new(wdp_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run wdp")
+}
+
+/// Parses one JSON document per non-empty line of `stdout`.
+pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use wdp::sandbox::{GuestLimits, GuestSpec, Sandbox};
+use wdp::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
+use wdp::tree::DeviceTree;
+
+/// How long a test waits for one event before failing.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A scanner running under [`supervise`]; dropping it stops the guest.
+pub struct Running {
+    pub events: mpsc::Receiver<ScannerEvent>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Running {
+    /// The next event, failing the test after [`EVENT_TIMEOUT`].
+    pub async fn next(&mut self) -> ScannerEvent {
+        tokio::time::timeout(EVENT_TIMEOUT, self.events.recv())
+            .await
+            .expect("no scanner event in time")
+            .expect("scanner event channel closed")
+    }
+
+    /// The next tree, failing on a failure event.
+    pub async fn next_tree(&mut self) -> Arc<DeviceTree> {
+        match self.next().await {
+            ScannerEvent::Tree(t) => t,
+            other => panic!("expected a tree, got {other:?}"),
+        }
+    }
+
+    /// The next failure's cause, skipping trees.
+    pub async fn failure(&mut self) -> String {
+        loop {
+            match self.next().await {
+                ScannerEvent::Failed { error, .. } => return error,
+                ScannerEvent::Tree(_) => {}
+                other => panic!("expected a failure, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// Loads guest `file` (see [`guest`]) into `sandbox` and runs it with `env`.
+pub async fn run_guest(
+    sandbox: &Arc<Sandbox>,
+    file: &str,
+    env: &[(&str, &str)],
+    limits: GuestLimits,
+    policy: RestartPolicy,
+) -> Running {
+    let component = sandbox.load(&guest(file)).await.expect("load guest");
+    let scanner = Scanner {
+        spec: GuestSpec {
+            name: file.into(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            limits,
+        },
+        pre: component.scanner().expect("guest exports scanner"),
+    };
+    let (tx, events) = mpsc::channel(16);
+    let task = tokio::spawn(supervise(sandbox.clone(), scanner, policy, tx));
+    Running { events, task }
+}
+
+/// Sorted device ids of `dev_type` in `tree` (empty if the type is absent).
+pub fn ids(tree: &Arc<DeviceTree>, dev_type: &str) -> Vec<String> {
+    tree.0
+        .get(dev_type)
+        .map(|g| g.keys().cloned().collect())
+        .unwrap_or_default()
+}

@@ -1,0 +1,227 @@
+//! The sandbox against real guests compiled from source: what a hostile guest can observe, and
+//! that no guest failure stops the host or another guest.
+
+use std::time::Duration;
+
+use wdp::sandbox::{GuestLimits, Roots, Sandbox};
+use wdp::scanner::{RestartPolicy, ScannerEvent};
+use wdp_tests::fixture::Fixture;
+use wdp_tests::{ids, run_guest};
+
+fn roots(f: &Fixture) -> Roots {
+    Roots {
+        sys: f.sys(),
+        dev: f.dev(),
+    }
+}
+
+/// A fixture laid with every trap the probe guest springs.
+fn hostile_fixture() -> Fixture {
+    let f = Fixture::new();
+    f.sys_link("escape-abs", "/etc")
+        .sys_link("escape-rel", "../../../../../../../../etc")
+        .sys_file("class/wdptest/attr", "original\n")
+        .char_dev("null", 1, 3)
+        .char_dev("zero", 1, 5)
+        .dev_link("escape", "/etc")
+        .dev_link("fd", "/proc/self/fd");
+    // A device node inside the sys root: real sysfs has none, a crafted root might.
+    wdp_tests::fixture::mknod_char(&f.sys().join("devnode"), 1, 5);
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_probes_are_all_denied() {
+    let f = hostile_fixture();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let sandbox = Sandbox::new(roots(&f)).unwrap();
+    let mut guest = run_guest(
+        &sandbox,
+        "hostile",
+        &[("ATTACK", "probe"), ("TCP_PORT", &port)],
+        GuestLimits::default(),
+        RestartPolicy::Never,
+    )
+    .await;
+    let tree = guest.next_tree().await;
+    let report = &tree.0["probe"]["report"].annotations;
+    let expected = [
+        "read-etc-passwd",
+        "sys-dotdot",
+        "sys-abs-symlink",
+        "sys-rel-symlink",
+        "sys-write",
+        "sys-create",
+        "dev-read-std",
+        "sys-dev-node",
+        "devfs-dotdot",
+        "devfs-escape-link",
+        "devfs-outside",
+        "tcp-connect",
+        "host-env",
+        "fd-magic",
+    ];
+    for probe in expected {
+        let outcome = report
+            .get(probe)
+            .unwrap_or_else(|| panic!("probe {probe} missing from {report:?}"));
+        assert!(
+            outcome.starts_with("denied"),
+            "probe {probe} was not denied: {outcome}"
+        );
+    }
+    assert_eq!(
+        report.len(),
+        expected.len(),
+        "unexpected probes: {report:?}"
+    );
+    // Only the configured variables are visible.
+    assert_eq!(report["host-env"], "denied: only [ATTACK, TCP_PORT]");
+    assert!(matches!(guest.next().await, ScannerEvent::Finished));
+    // Nothing reached the listener, and sysfs was not modified.
+    assert!(listener.accept().is_err(), "the guest connected to TCP");
+    assert_eq!(
+        std::fs::read_to_string(f.sys().join("class/wdptest/attr")).unwrap(),
+        "original\n"
+    );
+    assert!(!f.sys().join("new-file").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_guests_are_stopped_and_others_keep_working() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let sandbox = Sandbox::new(roots(&f)).unwrap();
+    let limits = GuestLimits {
+        memory: 64 << 20,
+        call_timeout: Duration::from_secs(1),
+    };
+    // The healthy scanner only rescans on a change: a new tree proves it is alive and watching.
+    let mut kvm = run_guest(
+        &sandbox,
+        "kvm",
+        &[("SLOTS", "2"), ("RESCAN_INTERVAL_MS", "600000")],
+        limits,
+        RestartPolicy::Backoff,
+    )
+    .await;
+    assert_eq!(ids(&kvm.next_tree().await, "kvm"), ["kvm-0", "kvm-1"]);
+
+    let attacks = [
+        ("memory", "exceeded its memory limit of 64 MiB"),
+        ("spin", "stopped by the host: ran 1s of CPU"),
+        ("panic", "hostile panic"),
+        ("recursion", "trapped"),
+    ];
+    let mut running = Vec::new();
+    for (attack, _) in attacks {
+        let guest = run_guest(
+            &sandbox,
+            "hostile",
+            &[("ATTACK", attack)],
+            limits,
+            RestartPolicy::Never,
+        )
+        .await;
+        running.push(guest);
+    }
+    for ((attack, cause), guest) in attacks.iter().zip(&mut running) {
+        let error = guest.failure().await;
+        assert!(
+            error.contains(cause),
+            "{attack}: cause {error:?} should mention {cause:?}"
+        );
+    }
+
+    // A guest that notified, then spun: stopped, its tree was delivered first.
+    let mut spinner = run_guest(
+        &sandbox,
+        "hostile",
+        &[("ATTACK", "notify-then-spin")],
+        limits,
+        RestartPolicy::Never,
+    )
+    .await;
+    assert_eq!(ids(&spinner.next_tree().await, "before"), ["x"]);
+    assert!(spinner.failure().await.contains("CPU"));
+
+    // A flood of 10,000 trees is delivered in order without losing the guest or the host.
+    let mut flood = run_guest(
+        &sandbox,
+        "hostile",
+        &[("ATTACK", "flood")],
+        limits,
+        RestartPolicy::Never,
+    )
+    .await;
+    let mut count = 0;
+    let mut last = None;
+    loop {
+        match flood.next().await {
+            ScannerEvent::Tree(t) => {
+                count += 1;
+                last = Some(t);
+            }
+            ScannerEvent::Finished => break,
+            other => panic!("flood: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(count, 10_000);
+    assert_eq!(ids(last.as_ref().unwrap(), "flood"), ["n9999"]);
+
+    // Through all of that the healthy scanner kept running: hot-plug a node and see it.
+    f.char_dev("fuse", 10, 229);
+    let tree = kvm.next_tree().await;
+    assert_eq!(ids(&tree, "fuse"), ["fuse-0", "fuse-1"]);
+    assert_eq!(ids(&tree, "kvm"), ["kvm-0", "kvm-1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_scanner_is_restarted_with_backoff() {
+    let f = Fixture::new();
+    let sandbox = Sandbox::new(roots(&f)).unwrap();
+    let mut guest = run_guest(
+        &sandbox,
+        "hostile",
+        &[("ATTACK", "panic")],
+        GuestLimits::default(),
+        RestartPolicy::Backoff,
+    )
+    .await;
+    let first = std::time::Instant::now();
+    let mut restarts = Vec::new();
+    for _ in 0..2 {
+        match guest.next().await {
+            ScannerEvent::Failed {
+                restart_in: Some(d),
+                ..
+            } => restarts.push(d),
+            other => panic!("expected a failure with a restart, got {other:?}"),
+        }
+    }
+    assert_eq!(restarts, [Duration::from_secs(1), Duration::from_secs(2)]);
+    // The second failure came after the first backoff: the guest really was re-instantiated.
+    assert!(first.elapsed() >= Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_change_wakes_on_hotplug_and_unplug() {
+    let f = Fixture::new();
+    let sandbox = Sandbox::new(roots(&f)).unwrap();
+    // No node yet, and a rescan interval far longer than the test: only inotify can wake it.
+    let mut kvm = run_guest(
+        &sandbox,
+        "kvm",
+        &[("SLOTS", "1"), ("RESCAN_INTERVAL_MS", "600000")],
+        GuestLimits::default(),
+        RestartPolicy::Never,
+    )
+    .await;
+    assert!(kvm.next_tree().await.0.is_empty());
+    f.char_dev("net/tun", 10, 200);
+    assert_eq!(ids(&kvm.next_tree().await, "tun"), ["tun-0"]);
+    f.remove_dev("net/tun");
+    assert!(kvm.next_tree().await.0.is_empty());
+}
