@@ -205,7 +205,7 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{DeviceInfo, Health};
+    use crate::tree::DeviceInfo;
 
     fn tree(types: &[(&str, &[&str])]) -> DeviceTree {
         DeviceTree(
@@ -214,20 +214,7 @@ mod tests {
                 .map(|(t, ids)| {
                     let group = ids
                         .iter()
-                        .map(|id| {
-                            (
-                                id.to_string(),
-                                DeviceInfo {
-                                    health: Health::Healthy,
-                                    nodes: vec![],
-                                    mounts: vec![],
-                                    envs: Default::default(),
-                                    annotations: Default::default(),
-                                    numa_nodes: None,
-                                    cdi_devices: vec![],
-                                },
-                            )
-                        })
+                        .map(|id| (id.to_string(), DeviceInfo::default()))
                         .collect();
                     (t.to_string(), group)
                 })

@@ -188,6 +188,10 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
                 wait_for_restart(&kubelet, &resource, &cancel, &mut events, inode).await
             }
         };
+        if let Restart::Stopped = outcome {
+            // Unlink first: no new connection may reach a server that is going away.
+            let _ = std::fs::remove_file(&resource.socket);
+        }
         serving.cancel();
         let _ = server.await;
         if let Restart::Stopped = outcome {

@@ -59,6 +59,21 @@ pub struct DeviceInfo {
     pub cdi_devices: Vec<String>,
 }
 
+impl Default for DeviceInfo {
+    /// A healthy device with nothing attached; topology left to the host.
+    fn default() -> Self {
+        DeviceInfo {
+            health: Health::Healthy,
+            nodes: Vec::new(),
+            mounts: Vec::new(),
+            envs: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            numa_nodes: None,
+            cdi_devices: Vec::new(),
+        }
+    }
+}
+
 /// All devices of one type, keyed (and so ordered) by device id.
 pub type DeviceGroup = BTreeMap<String, DeviceInfo>;
 

@@ -133,3 +133,5 @@ pub fn ids(tree: &Arc<DeviceTree>, dev_type: &str) -> Vec<String> {
         .map(|g| g.keys().cloned().collect())
         .unwrap_or_default()
 }
+
+pub mod host;

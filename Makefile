@@ -1,0 +1,49 @@
+# wdp: WebAssembly device plugins.
+#   make demo   build everything and serve this machine's devices to a kubelet stand-in
+#   make test   build everything, check formatting and lints, run every test
+# Both install what they need (the wasm32-wasip2 Rust target) on a fresh machine.
+
+CARGO ?= cargo
+GUEST_TARGET_DIR := target/guests
+GUEST_MANIFEST := guest-scanners/Cargo.toml
+GUEST_CARGO := $(CARGO) build --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --release --locked --target-dir $(GUEST_TARGET_DIR)
+WDP := target/debug/wdp
+# How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
+DEMO_DURATION ?=
+
+.PHONY: all setup build guests host test lint unit demo clean
+
+all: build
+
+## setup: install the toolchain pieces the build needs (idempotent)
+setup:
+	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+
+## guests: build every guest component (scanners, hooks, test guests) for wasm32-wasip2
+guests: setup
+	$(GUEST_CARGO)
+
+## host: build the wdp binary (dev profile, with an optimised wasm compiler)
+host:
+	$(CARGO) build --locked -p wdp
+
+build: guests host
+
+## lint: formatting and clippy, host and guest workspaces
+lint: setup
+	$(CARGO) fmt --all --check
+	cd guest-scanners && $(CARGO) fmt --all --check
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --target-dir $(GUEST_TARGET_DIR) -- -D warnings
+
+## test: everything CI runs
+test: build lint
+	$(CARGO) test --locked --manifest-path $(GUEST_MANIFEST) --target-dir $(GUEST_TARGET_DIR)
+	$(CARGO) test --locked --workspace
+
+## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in
+demo: build
+	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,170 @@
+//! `wdp run` as a child process, and waiting for what the kubelet stand-in observes.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use wdp::kubelet::standin::Observed;
+
+use crate::fixture::Fixture;
+
+/// A running `wdp run`; killed on drop, its log printed if the test is failing.
+pub struct Host {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Host {
+    /// Starts `wdp run --config <config>` over the fixture, serving in `plugin_dir`.
+    pub fn start(config: &Path, plugin_dir: &Path, f: &Fixture) -> Host {
+        let log = f.path().join(format!(
+            "wdp-run-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        let log_file = std::fs::File::create(&log).expect("create log");
+        let child = Command::new(crate::wdp_bin())
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .arg("--plugin-dir")
+            .arg(plugin_dir)
+            .arg("--sys-root")
+            .arg(f.sys())
+            .arg("--dev-root")
+            .arg(f.dev())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn wdp run");
+        Host {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// The host's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub async fn terminate(mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id().expect("pid").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .expect("wdp run did not stop within 20 s of SIGTERM")
+            .expect("wait")
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- wdp run log ----\n{}", self.log());
+        }
+    }
+}
+
+/// What the stand-in has reported so far: the latest device ids of each resource.
+pub struct Seen {
+    rx: mpsc::UnboundedReceiver<Observed>,
+    latest: HashMap<String, Vec<String>>,
+    ended: HashSet<String>,
+}
+
+impl Seen {
+    /// Follows the observations of one stand-in.
+    pub fn new(rx: mpsc::UnboundedReceiver<Observed>) -> Self {
+        Seen {
+            rx,
+            latest: HashMap::new(),
+            ended: HashSet::new(),
+        }
+    }
+
+    fn record(&mut self, ev: Observed) {
+        match ev {
+            Observed::Devices { resource, devices } => {
+                let mut ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
+                ids.sort();
+                self.ended.remove(&resource);
+                self.latest.insert(resource, ids);
+            }
+            Observed::StreamEnded { resource } => {
+                self.latest.remove(&resource);
+                self.ended.insert(resource);
+            }
+            Observed::Registered { .. } => {}
+        }
+    }
+
+    /// Waits until `done` holds for the state, failing after 20 s.
+    pub async fn until(&mut self, what: &str, mut done: impl FnMut(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !done(self) {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(ev)) => self.record(ev),
+                Ok(None) => panic!("stand-in closed while waiting for {what}"),
+                Err(_) => panic!(
+                    "timed out waiting for {what}; latest device lists: {:?}",
+                    self.latest
+                ),
+            }
+        }
+    }
+
+    /// Waits until `resource`'s latest list has exactly `ids` (any order).
+    pub async fn devices(&mut self, resource: &str, ids: &[&str]) {
+        let mut want: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        let what = format!("{resource} with devices {ids:?}");
+        self.until(&what, |s| s.latest.get(resource) == Some(&want))
+            .await;
+    }
+
+    /// Waits until `resource`'s stream has ended.
+    pub async fn ended(&mut self, resource: &str) {
+        let what = format!("the end of {resource}'s stream");
+        self.until(&what, |s| s.ended.contains(resource)).await;
+    }
+
+    /// Waits until every resource in `resources` has a non-empty list.
+    pub async fn all_listed(&mut self, resources: &[&str]) {
+        self.until("every resource listed", |s| {
+            resources
+                .iter()
+                .all(|r| s.latest.get(*r).is_some_and(|ids| !ids.is_empty()))
+        })
+        .await;
+    }
+}
+
+/// Socket files left in `dir`, sorted.
+pub fn sockets(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_socket()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
