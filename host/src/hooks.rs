@@ -151,7 +151,7 @@ impl Hooks {
         let deadline = self.spec.limits.call_timeout;
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),
-            Ok(Err(e)) => Err(HookError::Failed(describe(&e, &self.spec))),
+            Ok(Err(e)) => Err(HookError::Failed(describe(&e))),
             Ok(Ok(Err(message))) => Err(HookError::Guest(message)),
             Ok(Ok(Ok(value))) => Ok(value),
         }

@@ -112,7 +112,7 @@ async fn run_once(
         .pre
         .instantiate_async(&mut store)
         .await
-        .map_err(|e| format!("instantiation failed: {}", describe(&e, &scanner.spec)))?;
+        .map_err(|e| format!("instantiation failed: {}", describe(&e)))?;
     match plugin
         .wdp_device_plugin_scanner()
         .call_scan(&mut store)
@@ -121,7 +121,7 @@ async fn run_once(
         Ok(Ok(())) => Ok(()),
         Ok(Err(message)) => Err(format!("scan returned an error: {message}")),
         Err(e) => {
-            let mut cause = describe(&e, &scanner.spec);
+            let mut cause = describe(&e);
             if let Some(tail) = store.data().stderr_tail() {
                 cause.push_str(&format!(" (last stderr: {tail})"));
             }
@@ -131,16 +131,12 @@ async fn run_once(
 }
 
 /// Turns a wasmtime error into a cause an operator can act on.
-pub fn describe(error: &wasmtime::Error, spec: &GuestSpec) -> String {
+pub fn describe(error: &wasmtime::Error) -> String {
     if let Some(stopped) = error.downcast_ref::<Stopped>() {
-        return format!("stopped by the host: {stopped}");
-    }
-    let text = format!("{error:?}");
-    if text.contains("forcing trap when growing memory") {
-        return format!(
-            "exceeded its memory limit of {} MiB",
-            spec.limits.memory >> 20
-        );
+        return match stopped {
+            Stopped::Memory { .. } | Stopped::Table { .. } => stopped.to_string(),
+            _ => format!("stopped by the host: {stopped}"),
+        };
     }
     match error.downcast_ref::<Trap>() {
         Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".into(),
@@ -148,8 +144,12 @@ pub fn describe(error: &wasmtime::Error, spec: &GuestSpec) -> String {
         Some(Trap::UnreachableCodeReached) => {
             "trapped: unreachable instruction (a Rust guest panicked?)".into()
         }
+        // Rust guests keep their stack in linear memory: overflowing it lands out of bounds.
+        Some(Trap::MemoryOutOfBounds) => {
+            "trapped: out-of-bounds memory access (a stack overflow in the guest?)".into()
+        }
         Some(trap) => format!("trapped: {trap}"),
-        None => first_line(&text),
+        None => first_line(&format!("{error:?}")),
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod bindings;
 pub mod devfs;
 mod engine;
+mod limits;
 mod open_guard;
 pub mod output;
 mod state;
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
-use wasmtime::{Engine, Store, StoreLimitsBuilder};
+use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use engine::TICK;
@@ -204,11 +205,9 @@ impl Sandbox {
                 path: self.roots.sys.clone(),
                 source: std::io::Error::other(e.to_string()),
             })?;
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(usize::try_from(guest.limits.memory).unwrap_or(usize::MAX))
-            .table_elements(1 << 20)
-            .trap_on_grow_failure(true)
-            .build();
+        let limits = limits::GuestLimiter {
+            memory: usize::try_from(guest.limits.memory).unwrap_or(usize::MAX),
+        };
         let state = GuestState {
             name: guest.name.clone(),
             wasi: wasi.build(),

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
+use wasmtime::UpdateDeadline;
 use wasmtime::component::ResourceTable;
-use wasmtime::{StoreLimits, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{devfs, notifier, types};
@@ -24,6 +24,10 @@ use crate::tree::DeviceTree;
 pub enum Stopped {
     #[error("ran {0:?} of CPU without calling the host (spinning?)")]
     CpuBudget(Duration),
+    #[error("exceeded its memory limit of {} MiB", limit >> 20)]
+    Memory { limit: u64 },
+    #[error("exceeded its table limit of {limit} elements")]
+    Table { limit: usize },
     #[error("the host stopped listening for its trees")]
     SinkClosed,
 }
@@ -33,7 +37,7 @@ pub struct GuestState {
     pub(crate) name: Arc<str>,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
-    pub(crate) limits: StoreLimits,
+    pub(crate) limits: super::limits::GuestLimiter,
     pub(crate) devfs: Arc<DevFs>,
     pub(crate) changes: watch::Receiver<u64>,
     /// Where trees go; `None` for hook instances, which have no business notifying.

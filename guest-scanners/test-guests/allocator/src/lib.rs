@@ -44,7 +44,9 @@ impl wdp_guest::PreferredAllocator for Allocator {
 impl wdp_guest::PreStarter for Allocator {
     fn pre_start_container(dev_type: String, device_ids: Vec<String>) -> Result<(), String> {
         match device_ids.iter().find(|id| id.contains("bad")) {
-            Some(id) => Err(format!("{dev_type}: device {id} failed its pre-start check")),
+            Some(id) => Err(format!(
+                "{dev_type}: device {id} failed its pre-start check"
+            )),
             None => Ok(()),
         }
     }
@@ -67,7 +69,10 @@ mod tests {
 
     #[test]
     fn packs_in_order_after_must_include() {
-        assert_eq!(packed(&req(&["c", "a", "b"], &["c"], 2)).unwrap(), ["c", "a"]);
+        assert_eq!(
+            packed(&req(&["c", "a", "b"], &["c"], 2)).unwrap(),
+            ["c", "a"]
+        );
         assert_eq!(packed(&req(&["c", "a", "b"], &[], 2)).unwrap(), ["a", "b"]);
         assert!(packed(&req(&["a"], &[], 2)).is_err());
     }
