@@ -11,7 +11,7 @@ WDP := target/debug/wdp
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup build guests host test lint unit demo clean
+.PHONY: all setup build guests host test lint fuzz demo clean
 
 all: build
 
@@ -40,6 +40,12 @@ lint: setup
 test: build lint
 	$(CARGO) test --locked --manifest-path $(GUEST_MANIFEST) --target-dir $(GUEST_TARGET_DIR)
 	$(CARGO) test --locked --workspace
+
+## fuzz: the property tests behind the fuzzing claims, with many more cases than `make test`
+## (FUZZ_CASES, default 50000; FUZZ_SEED picks another fixed seed)
+FUZZ_CASES ?= 50000
+fuzz:
+	WDP_FUZZ_CASES=$(FUZZ_CASES) $(if $(FUZZ_SEED),WDP_FUZZ_SEED=$(FUZZ_SEED)) $(CARGO) test --locked -p wdp --lib fuzz
 
 ## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in
 demo: build

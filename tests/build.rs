@@ -31,6 +31,12 @@ fn main() {
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
         "CARGO_PROFILE_RELEASE_DEBUG",
+        // Under `cargo clippy` the outer build runs through clippy-driver; the guests are
+        // linted by `make lint` for their own target, not here.
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CLIPPY_ARGS",
+        "CLIPPY_CONF_DIR",
     ] {
         cmd.env_remove(var);
     }

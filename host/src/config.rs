@@ -8,6 +8,7 @@
 //!     env: { SLOTS: "10" }               # the guest's environment, nothing else
 //!     post-allocator: path/to/hook.wasm  # optional; may be the same file as component
 //!     limits: { memory: 64Mi, call-timeout: 5s }
+//!     policy: { allowed-mounts: [/run/udev] } # optional; see `crate::policy::Policy`
 //! ```
 //!
 //! Everything is checked before anything starts; an error names the file, the key (as
@@ -18,7 +19,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::policy::Policy;
 use crate::sandbox::GuestLimits;
+use crate::tree::{is_dns_subdomain, is_env_name, is_normal_absolute_path};
 use crate::units;
 
 /// A checked configuration.
@@ -36,6 +39,7 @@ pub struct ScannerConfig {
     pub env: Vec<(String, String)>,
     pub post_allocator: Option<PathBuf>,
     pub limits: GuestLimits,
+    pub policy: Policy,
 }
 
 /// A configuration that cannot be used.
@@ -73,6 +77,19 @@ struct RawScanner {
     post_allocator: Option<PathBuf>,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    policy: RawPolicy,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawPolicy {
+    #[serde(default)]
+    allowed_mounts: Vec<String>,
+    max_types: Option<usize>,
+    max_devices_per_type: Option<usize>,
+    max_string_bytes: Option<usize>,
+    max_tree_bytes: Option<Scalar>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -209,6 +226,41 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                 ));
             }
         }
+        let mut policy = Policy::default();
+        for (j, mount) in s.policy.allowed_mounts.into_iter().enumerate() {
+            if !is_normal_absolute_path(&mount) {
+                return Err(invalid(
+                    key(&format!("policy.allowed-mounts[{j}]")),
+                    format!("{mount:?} is not an absolute, normalised path"),
+                ));
+            }
+            policy.allowed_mounts.push(mount);
+        }
+        let positive = |k: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => Err(invalid(key(k), "must be more than zero".into())),
+            Some(v) => Ok(v),
+            None => Ok(default),
+        };
+        policy.max_types = positive("policy.max-types", s.policy.max_types, policy.max_types)?;
+        policy.max_devices_per_type = positive(
+            "policy.max-devices-per-type",
+            s.policy.max_devices_per_type,
+            policy.max_devices_per_type,
+        )?;
+        policy.max_string_bytes = positive(
+            "policy.max-string-bytes",
+            s.policy.max_string_bytes,
+            policy.max_string_bytes,
+        )?;
+        if let Some(bytes) = s.policy.max_tree_bytes {
+            let bytes = units::parse_size(&bytes.into_text())
+                .map_err(|e| invalid(key("policy.max-tree-bytes"), e.to_string()))?;
+            policy.max_tree_bytes = positive(
+                "policy.max-tree-bytes",
+                Some(usize::try_from(bytes).unwrap_or(usize::MAX)),
+                0,
+            )?;
+        }
         scanners.push(ScannerConfig {
             name: s.name,
             component,
@@ -216,6 +268,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             env,
             post_allocator,
             limits,
+            policy,
         });
     }
     Ok(Config { scanners })
@@ -236,26 +289,9 @@ fn is_name(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
 }
 
-fn is_env_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
-}
-
-/// A DNS subdomain (RFC 1123), as the prefix of an extended resource name must be; kubelet
-/// refuses names under kubernetes.io.
+/// The prefix of an extended resource name: a DNS subdomain; kubelet refuses kubernetes.io.
 fn is_namespace(s: &str) -> bool {
-    s.len() <= 253
-        && !s.ends_with("kubernetes.io")
-        && s.split('.').all(|label| {
-            let b = label.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
+    is_dns_subdomain(s) && !s.ends_with("kubernetes.io")
 }
 
 #[cfg(test)]
@@ -273,7 +309,7 @@ mod tests {
     #[test]
     fn full_example() {
         let c = with_files(
-            "scanners:\n  - name: kvm\n    component: kvm.wasm\n    namespace: devices.example.com\n    env: { SLOTS: 10, DEBUG: true }\n    post-allocator: hook.wasm\n    limits: { memory: 32Mi, call-timeout: 2s }\n",
+            "scanners:\n  - name: kvm\n    component: kvm.wasm\n    namespace: devices.example.com\n    env: { SLOTS: 10, DEBUG: true }\n    post-allocator: hook.wasm\n    limits: { memory: 32Mi, call-timeout: 2s }\n    policy: { allowed-mounts: [/run/udev], max-types: 3, max-tree-bytes: 1Mi }\n",
         )
         .unwrap();
         let s = &c.scanners[0];
@@ -287,6 +323,8 @@ mod tests {
         assert_eq!(s.limits.memory, 32 << 20);
         assert_eq!(s.limits.call_timeout, Duration::from_secs(2));
         assert!(s.component.ends_with("kvm.wasm") && s.component.is_absolute());
+        assert_eq!(s.policy.allowed_mounts, ["/run/udev"]);
+        assert_eq!((s.policy.max_types, s.policy.max_tree_bytes), (3, 1 << 20));
     }
 
     #[test]
@@ -329,11 +367,55 @@ mod tests {
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, env: {1X: y}}",
                 "scanners[0].env.1X",
             ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, policy: {allowed-mounts: [run/x]}}",
+                "scanners[0].policy.allowed-mounts[0]",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, policy: {max-types: 0}}",
+                "scanners[0].policy.max-types: must be more than zero",
+            ),
         ];
         for (yaml, needle) in cases {
             let err = with_files(yaml).unwrap_err().to_string();
             assert!(err.starts_with("config wdp.yaml: "), "{err}");
             assert!(err.contains(needle), "{err:?} should contain {needle:?}");
+        }
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn yamlish() -> impl Strategy<Value = String> {
+            prop::collection::vec(
+                prop_oneof![
+                    Just("scanners:\n".to_string()),
+                    Just("  - name: kvm\n".to_string()),
+                    Just("    component: kvm.wasm\n".to_string()),
+                    Just("    namespace: x.io\n".to_string()),
+                    Just("    limits: {memory: 1Gi, call-timeout: 1s}\n".to_string()),
+                    Just("    policy: {allowed-mounts: [/x]}\n".to_string()),
+                    Just("    env: {A: 1}\n".to_string()),
+                    "[ -~\n]{0,16}",
+                ],
+                0..10,
+            )
+            .prop_map(|parts| parts.concat())
+        }
+
+        proptest! {
+            #![proptest_config(crate::fuzz::config())]
+
+            /// Any text: parsing never panics, and every error names the file.
+            #[test]
+            fn any_text_parses_or_names_the_file(text in yamlish()) {
+                let dir = tempfile::tempdir().unwrap();
+                std::fs::write(dir.path().join("kvm.wasm"), b"").unwrap();
+                if let Err(e) = parse(&text, Path::new("fuzz.yaml"), dir.path()) {
+                    prop_assert!(e.to_string().starts_with("config fuzz.yaml: "), "{e}");
+                }
+            }
         }
     }
 }

@@ -78,6 +78,17 @@ impl Hooks {
         }
     }
 
+    /// Applies the scanner's policy to what `post-allocate` returned for container `index`.
+    pub fn check_response(
+        &self,
+        index: usize,
+        response: wit::ContainerAllocateResponse,
+    ) -> Result<crate::allocate::ContainerResponse, crate::tree::TreeError> {
+        self.spec
+            .policy
+            .check_response(index, response, self.sandbox.devfs())
+    }
+
     /// True when the component exports `post-allocator`.
     pub fn has_post_allocate(&self) -> bool {
         self.post.is_some()

@@ -7,9 +7,13 @@
 pub mod allocate;
 pub mod cli;
 pub mod config;
+#[cfg(test)]
+mod fuzz;
 pub mod hooks;
 pub mod kubelet;
 pub mod manager;
+pub mod metrics;
+pub mod policy;
 pub mod sandbox;
 pub mod scanner;
 pub mod server;

@@ -81,6 +81,7 @@ pub async fn supervise(
         if events.is_closed() {
             return;
         }
+        crate::metrics::ScannerMetrics::bump(&scanner.spec.metrics.failures);
         if started.elapsed() >= HEALTHY_AFTER {
             delay = BACKOFF_START;
         }

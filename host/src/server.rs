@@ -234,10 +234,27 @@ async fn register_until_done(
                 &resource.name,
                 service.options(),
             );
-            let result = tokio::select! {
-                _ = cancel.cancelled() => return Registration::Stopped,
-                r = attempt => r,
+            let kubelet_name = kubelet
+                .socket
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            tokio::pin!(attempt);
+            // A kubelet that never answers must not hold us: if kubelet.sock is recreated while
+            // we wait, a new kubelet is there, and the attempt starts over at once.
+            let result = loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return Registration::Stopped,
+                    r = &mut attempt => break Some(r),
+                    event = dir::next_event(events) => match event {
+                        Some(DirEvent::Created(name)) if Some(&name) == kubelet_name.as_ref() => {
+                            tracing::warn!(resource = %resource.name, "kubelet restarted during registration; registering again");
+                            break None;
+                        }
+                        _ => {}
+                    },
+                }
             };
+            let Some(result) = result else { continue };
             match result {
                 Ok(()) => return Registration::Done,
                 Err(e) if !warned => {
@@ -538,7 +555,7 @@ impl PluginService {
         answer
             .into_iter()
             .enumerate()
-            .map(|(i, r)| ContainerResponse::from_wit(i, r))
+            .map(|(i, r)| hooks.check_response(i, r))
             .collect::<Result<_, _>>()
             .map_err(|source| AllocateError::HookInvalid {
                 resource: resource.clone(),

@@ -120,10 +120,69 @@ pub enum TreeError {
         what: &'static str,
         value: String,
     },
-    #[error("annotation key {value:?} of {owner} is empty or too long (max 316 bytes)")]
+    #[error(
+        "annotation key {value:?} of {owner} is not a Kubernetes annotation key ([prefix/]name: a DNS subdomain prefix of at most 253 characters, a name of 1-63 of [A-Za-z0-9-_.] starting and ending alphanumeric)"
+    )]
     AnnotationKey { owner: String, value: String },
     #[error("CDI device {value:?} of {owner} is not fully qualified (vendor.example/class=name)")]
     CdiName { owner: String, value: String },
+    #[error("{count} device types; the policy allows at most {max}")]
+    TooManyTypes { count: usize, max: usize },
+    #[error("{count} devices in dev-type {dev_type:?}; the policy allows at most {max}")]
+    TooManyDevices {
+        dev_type: String,
+        count: usize,
+        max: usize,
+    },
+    #[error("a string of {owner} ({start:?}...) is {len} bytes; the policy allows at most {max}")]
+    StringTooLong {
+        owner: String,
+        start: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("the strings of the tree exceed {max} bytes, the policy's limit")]
+    TreeTooLarge { max: usize },
+    #[error(
+        "dev-type {value:?} is longer than {max} characters: its socket path would not fit (shorten the dev-type, the namespace or the plugin directory)"
+    )]
+    DevTypeTooLong { value: String, max: usize },
+    #[error("device node {value:?} of {owner} does not exist in the dev root: {cause}")]
+    NodeMissing {
+        owner: String,
+        value: String,
+        cause: String,
+    },
+    #[error(
+        "mount of host path {value:?} by {owner} is not allowed: add it (or a parent) to the scanner's policy.allowed-mounts"
+    )]
+    MountNotAllowed { owner: String, value: String },
+}
+
+impl TreeError {
+    /// The rule that was broken, as a short stable name (for logs and counters).
+    pub fn rule(&self) -> &'static str {
+        match self {
+            TreeError::DevType { .. } => "dev-type",
+            TreeError::DuplicateDevType { .. } => "unique-dev-type",
+            TreeError::DeviceId { .. } => "device-id",
+            TreeError::DuplicateDeviceId { .. } => "unique-device-id",
+            TreeError::Path { .. } => "normalised-path",
+            TreeError::NodeOutsideDev { .. } => "node-under-dev",
+            TreeError::Permissions { .. } => "permissions",
+            TreeError::EnvName { .. } => "env-name",
+            TreeError::DuplicateKey { .. } => "unique-key",
+            TreeError::AnnotationKey { .. } => "annotation-key",
+            TreeError::CdiName { .. } => "cdi-name",
+            TreeError::TooManyTypes { .. } => "max-types",
+            TreeError::TooManyDevices { .. } => "max-devices-per-type",
+            TreeError::StringTooLong { .. } => "max-string-bytes",
+            TreeError::TreeTooLarge { .. } => "max-tree-bytes",
+            TreeError::DevTypeTooLong { .. } => "dev-type-length",
+            TreeError::NodeMissing { .. } => "node-exists",
+            TreeError::MountNotAllowed { .. } => "allowed-mounts",
+        }
+    }
 }
 
 impl DeviceTree {
@@ -269,7 +328,7 @@ pub(crate) fn check_annotations(
 ) -> Result<BTreeMap<String, String>, TreeError> {
     let mut out = BTreeMap::new();
     for (key, value) in annotations {
-        if key.is_empty() || key.len() > 316 {
+        if !is_annotation_key(&key) {
             return Err(TreeError::AnnotationKey {
                 owner: owner.into(),
                 value: key,
@@ -339,6 +398,31 @@ fn is_device_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= 63 && !s.chars().any(|c| c.is_control() || c == '/')
 }
 
+/// A DNS subdomain (RFC 1123): lowercase labels of 1-63 characters, 253 in all.
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+/// Kubernetes' annotation key rule (`IsQualifiedName`): `[prefix/]name`.
+fn is_annotation_key(s: &str) -> bool {
+    let (prefix, name) = match s.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    let prefix_ok = prefix.is_none_or(is_dns_subdomain);
+    prefix_ok && is_dev_type(name)
+}
+
 fn is_permissions(s: &str) -> bool {
     let mut seen = [false; 3];
     s.chars().all(|c| {
@@ -352,7 +436,7 @@ fn is_permissions(s: &str) -> bool {
     })
 }
 
-fn is_env_name(s: &str) -> bool {
+pub(crate) fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
@@ -449,11 +533,216 @@ mod tests {
     }
 
     #[test]
+    fn annotation_keys() {
+        for ok in ["a", "probe-x", "example.com/key_1", "a.b-c/X.y"] {
+            assert!(is_annotation_key(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a/",
+            "/a",
+            "Example.com/a",
+            "a/b/c",
+            &"x".repeat(64),
+        ] {
+            assert!(!is_annotation_key(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn paths() {
         assert!(is_normal_absolute_path("/dev/dri/card0"));
         assert!(is_normal_absolute_path("/"));
         for p in ["dev/x", "/dev//x", "/dev/./x", "/dev/../x", "/dev/x/", ""] {
             assert!(!is_normal_absolute_path(p), "{p}");
+        }
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Paths made of the prefixes and segments that matter to the path rules.
+        fn path() -> impl Strategy<Value = String> {
+            (
+                prop_oneof![
+                    Just("/dev/"),
+                    Just("/dev"),
+                    Just("/"),
+                    Just(""),
+                    Just("/run/")
+                ],
+                prop::collection::vec(
+                    prop_oneof![
+                        Just(".."),
+                        Just("."),
+                        Just(""),
+                        Just("etc"),
+                        Just("kvm"),
+                        Just("dri")
+                    ],
+                    0..4,
+                ),
+            )
+                .prop_map(|(prefix, segments)| format!("{prefix}{}", segments.join("/")))
+        }
+
+        /// Mostly `valid`, sometimes anything at all: trees that pass most rules.
+        fn mostly(valid: &'static str) -> impl Strategy<Value = String> {
+            prop_oneof![6 => valid, 1 => "\\PC{0,6}", 1 => path()]
+        }
+
+        fn info() -> impl Strategy<Value = wit::DeviceInfo> {
+            (
+                prop::collection::vec(
+                    (
+                        path(),
+                        path(),
+                        prop_oneof![Just("rw"), Just("r"), Just("mrw"), Just("rwx")],
+                    ),
+                    0..3,
+                ),
+                prop::collection::vec((path(), path(), any::<bool>()), 0..2),
+                prop::collection::vec((mostly("[A-Z_][A-Z0-9_]{0,6}"), mostly(".{0,4}")), 0..3),
+                prop::collection::vec(
+                    (
+                        mostly("[a-z]{1,4}(\\.[a-z]{1,3}/)?[a-z]{1,5}"),
+                        mostly(".{0,4}"),
+                    ),
+                    0..2,
+                ),
+                prop::collection::vec(
+                    mostly("[a-z]{1,4}\\.example/[a-z]{1,3}=[a-z0-9]{1,3}"),
+                    0..2,
+                ),
+            )
+                .prop_map(|(nodes, mounts, envs, annotations, cdi)| wit::DeviceInfo {
+                    health: wit::Health::Healthy,
+                    nodes: nodes
+                        .into_iter()
+                        .map(|(c, h, p)| wit::DeviceSpec {
+                            container_path: c,
+                            host_path: h,
+                            permissions: p.to_string(),
+                        })
+                        .collect(),
+                    mounts: mounts
+                        .into_iter()
+                        .map(|(c, h, r)| wit::Mount {
+                            container_path: c,
+                            host_path: h,
+                            read_only: r,
+                        })
+                        .collect(),
+                    envs,
+                    annotations,
+                    numa_nodes: None,
+                    cdi_devices: cdi,
+                })
+        }
+
+        fn groups() -> impl Strategy<Value = Vec<wit::DeviceGroup>> {
+            prop::collection::vec(
+                (
+                    mostly("[a-z][a-z0-9-]{0,6}[a-z0-9]"),
+                    prop::collection::vec((mostly("[a-z0-9:.-]{1,10}"), info()), 0..4),
+                ),
+                0..4,
+            )
+            .prop_map(|groups| {
+                groups
+                    .into_iter()
+                    .map(|(dev_type, devices)| wit::DeviceGroup {
+                        dev_type,
+                        devices: devices
+                            .into_iter()
+                            .map(|(id, info)| wit::Device { id, info })
+                            .collect(),
+                    })
+                    .collect()
+            })
+        }
+
+        fn valid_info() -> wit::DeviceInfo {
+            wit::DeviceInfo {
+                health: wit::Health::Healthy,
+                nodes: vec![wit::DeviceSpec {
+                    container_path: "/dev/x".into(),
+                    host_path: "/dev/x".into(),
+                    permissions: "rw".into(),
+                }],
+                mounts: vec![],
+                envs: vec![],
+                annotations: vec![],
+                numa_nodes: None,
+                cdi_devices: vec![],
+            }
+        }
+
+        fn one(info: wit::DeviceInfo) -> Vec<wit::DeviceGroup> {
+            vec![wit::DeviceGroup {
+                dev_type: "t".into(),
+                devices: vec![wit::Device {
+                    id: "d".into(),
+                    info,
+                }],
+            }]
+        }
+
+        proptest! {
+            #![proptest_config(crate::fuzz::config())]
+
+            /// One node whose host path varies, everything else valid: accepted only when the
+            /// host path is a normalised path under /dev.
+            #[test]
+            fn node_host_paths(host in path(), perms in "[rwmx]{0,3}") {
+                let mut i = valid_info();
+                i.nodes[0].host_path = host.clone();
+                i.nodes[0].permissions = perms.clone();
+                let accepted = DeviceTree::from_guest(one(i)).is_ok();
+                let under_dev = host == "/dev" || host.starts_with("/dev/");
+                prop_assert_eq!(
+                    accepted,
+                    under_dev && is_normal_absolute_path(&host) && is_permissions(&perms),
+                    "host {:?} perms {:?}", host, perms
+                );
+            }
+
+            /// One mount whose paths vary: accepted only when both are normalised and absolute.
+            #[test]
+            fn mount_paths(host in path(), container in path()) {
+                let mut i = valid_info();
+                i.mounts.push(wit::Mount { container_path: container.clone(), host_path: host.clone(), read_only: true });
+                let accepted = DeviceTree::from_guest(one(i)).is_ok();
+                prop_assert_eq!(accepted, is_normal_absolute_path(&host) && is_normal_absolute_path(&container));
+            }
+
+            /// Whatever a guest sends, validation never panics, and an accepted tree keeps
+            /// every promise kubelet and the container runtime rely on.
+            #[test]
+            fn accepted_trees_keep_the_rules(groups in groups()) {
+                if let Ok(tree) = DeviceTree::from_guest(groups) {
+                    for (dev_type, devices) in &tree.0 {
+                        prop_assert!(is_dev_type(dev_type));
+                        for (id, info) in devices {
+                            prop_assert!(is_device_id(id));
+                            for n in &info.nodes {
+                                prop_assert!(n.host_path == "/dev" || n.host_path.starts_with("/dev/"));
+                                prop_assert!(!n.host_path.split('/').any(|c| c == ".."));
+                                prop_assert!(is_normal_absolute_path(&n.container_path));
+                                prop_assert!(is_permissions(&n.permissions));
+                            }
+                            for m in &info.mounts {
+                                prop_assert!(is_normal_absolute_path(&m.host_path));
+                            }
+                            prop_assert!(info.envs.keys().all(|k| is_env_name(k)));
+                            prop_assert!(info.annotations.keys().all(|k| is_annotation_key(k)));
+                            prop_assert!(info.cdi_devices.iter().all(|c| is_cdi_name(c)));
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-use wdp::kubelet::standin::Observed;
+use wdp::kubelet::standin::{Observed, StandIn};
 
 use crate::fixture::Fixture;
 
@@ -167,4 +167,11 @@ pub fn sockets(dir: &Path) -> Vec<String> {
         .unwrap_or_default();
     names.sort();
     names
+}
+
+/// A kubelet stand-in in `plugin_dir`, and `wdp run --config <config>` serving into it.
+pub fn serve(f: &Fixture, config: &Path, plugin_dir: &Path) -> (StandIn, Seen, Host) {
+    let (kubelet, observed) = StandIn::start(plugin_dir).expect("start the kubelet stand-in");
+    let host = Host::start(config, plugin_dir, f);
+    (kubelet, Seen::new(observed), host)
 }

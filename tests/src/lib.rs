@@ -22,11 +22,30 @@ pub fn wdp_bin() -> PathBuf {
         .and_then(|deps| deps.parent())
         .expect("test executable lives in target/<profile>/deps");
     let bin = profile_dir.join("wdp");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first (`cargo build -p wdp`, or `make test`)",
-        bin.display()
-    );
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} is missing: build it first (`cargo build -p wdp`, or `make test`)",
+                bin.display()
+            )
+        });
+    // `cargo test` does not rebuild another package's binary: refuse to test stale code. Cargo's
+    // dep-info file next to the binary lists exactly the sources it was built from.
+    let deps = std::fs::read_to_string(profile_dir.join("wdp.d")).unwrap_or_default();
+    let sources = deps.split_once(": ").map(|(_, d)| d).unwrap_or_default();
+    for source in sources.split_whitespace().map(PathBuf::from) {
+        if std::fs::metadata(&source)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > built)
+        {
+            panic!(
+                "{} is older than {}: rebuild it (`cargo build -p wdp`, or `make test`)",
+                bin.display(),
+                source.display()
+            );
+        }
+    }
     bin
 }
 
@@ -112,12 +131,13 @@ pub async fn run_guest(
     let component = sandbox.load(&guest(file)).await.expect("load guest");
     let scanner = Scanner {
         spec: GuestSpec {
-            name: file.into(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
             limits,
+            ..GuestSpec::new(
+                file,
+                env.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
         },
         pre: component.scanner().expect("guest exports scanner"),
     };
@@ -135,3 +155,27 @@ pub fn ids(tree: &Arc<DeviceTree>, dev_type: &str) -> Vec<String> {
 }
 
 pub mod host;
+
+/// A sandbox over the fixture's roots.
+pub fn sandbox(f: &fixture::Fixture) -> Arc<Sandbox> {
+    Sandbox::new(wdp::sandbox::Roots {
+        sys: f.sys(),
+        dev: f.dev(),
+    })
+    .expect("sandbox over the fixture")
+}
+
+/// A healthy `kvm` scanner (one slot, rescans only on a change) that has reported its first
+/// tree: tests use it to show the host and other guests keep working.
+pub async fn healthy_kvm(sandbox: &Arc<Sandbox>) -> Running {
+    let mut kvm = run_guest(
+        sandbox,
+        "kvm",
+        &[("SLOTS", "1"), ("RESCAN_INTERVAL_MS", "600000")],
+        GuestLimits::default(),
+        RestartPolicy::Never,
+    )
+    .await;
+    kvm.next_tree().await;
+    kvm
+}

@@ -9,7 +9,7 @@ use tonic::Code;
 use wdp::kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
-use wdp_tests::host::{Host, Seen, sockets};
+use wdp_tests::host::{Host, Seen, serve, sockets};
 
 fn write_config(f: &Fixture, yaml: &str) -> std::path::PathBuf {
     let path = f.path().join("wdp.yaml");
@@ -52,9 +52,7 @@ async fn devices_reach_kubelet_and_follow_hotplug() {
     f.char_dev("kvm", 10, 232).char_dev("ttyUSB0", 188, 0);
     let config = kvm_and_serial_config(&f);
     let plugins = plugin_dir(&f);
-    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
-    let mut seen = Seen::new(seen);
-    let host = Host::start(&config, &plugins, &f);
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
 
     seen.devices("devices.example.com/kvm", &["kvm-0", "kvm-1"])
         .await;
@@ -143,6 +141,11 @@ fn hook_scanner(name: &str, mode: &str, timeout: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_allocate_hooks_rewrite_fail_and_time_out_cleanly() {
     let f = Fixture::new();
+    // Device nodes must exist in the dev root (the output policy).
+    f.char_dev("vfio/vfio", 10, 196)
+        .char_dev("vfio/10", 243, 0)
+        .char_dev("vfio/11", 243, 1)
+        .char_dev("vfio/12", 243, 2);
     let config = write_config(
         &f,
         &format!(
@@ -153,9 +156,7 @@ async fn post_allocate_hooks_rewrite_fail_and_time_out_cleanly() {
         ),
     );
     let plugins = plugin_dir(&f);
-    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
-    let mut seen = Seen::new(seen);
-    let host = Host::start(&config, &plugins, &f);
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let ids = ["0000:3d:01.0", "0000:3d:01.1", "0000:3d:01.2"];
     for ns in ["qat", "failing", "hanging"] {
         seen.devices(&format!("{ns}.example.com/generic"), &ids)
@@ -240,9 +241,7 @@ async fn preferred_allocation_and_pre_start_are_served_when_exported() {
         ),
     );
     let plugins = plugin_dir(&f);
-    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
-    let mut seen = Seen::new(seen);
-    let host = Host::start(&config, &plugins, &f);
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("gpu.example.com/gpu", &["bad3", "card0", "card1", "card2"])
         .await;
     let options = kubelet.options("gpu.example.com/gpu").unwrap();
@@ -294,6 +293,79 @@ async fn preferred_allocation_and_pre_start_are_served_when_exported() {
         .unwrap();
     assert_eq!(r.container_responses.len(), 1);
 
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// Nothing a guest returns can make kubelet mount or expose what the operator did not allow:
+/// a refused tree never reaches kubelet (the last good one stays), and a hook answer that breaks
+/// the policy fails that Allocate only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_violations_never_reach_kubelet() {
+    let f = Fixture::new();
+    f.char_dev("null", 1, 3)
+        .char_dev("vfio/vfio", 10, 196)
+        .char_dev("vfio/10", 243, 0)
+        .char_dev("vfio/11", 243, 1)
+        .char_dev("vfio/12", 243, 2);
+    let config = write_config(
+        &f,
+        &format!(
+            "scanners:
+  - name: bad
+    component: {hostile}
+    namespace: bad.example.com
+    env: {{ ATTACK: bad-tree, BAD: mount-root }}
+{}{}{}{}",
+            hook_scanner("mount", "mount-root", "5s"),
+            hook_scanner("node", "node-outside-dev", "5s"),
+            hook_scanner("count", "wrong-count", "5s"),
+            hook_scanner("qat", "renumber", "5s"),
+            hostile = guest("hostile").display(),
+        ),
+    );
+    let plugins = plugin_dir(&f);
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices("bad.example.com/good", &["g"]).await;
+    let ids = ["0000:3d:01.0", "0000:3d:01.1", "0000:3d:01.2"];
+    for ns in ["mount", "node", "count", "qat"] {
+        seen.devices(&format!("{ns}.example.com/generic"), &ids)
+            .await;
+    }
+    for (ns, needle) in [
+        ("mount", "mount of host path \"/\""),
+        (
+            "node",
+            "\"/etc/shadow\" of the response for container 0 must be under /dev",
+        ),
+        ("count", "returned 0 responses for 1 containers"),
+    ] {
+        let e = kubelet
+            .allocate(&format!("{ns}.example.com/generic"), &["0000:3d:01.0"])
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{ns}: {e:?}");
+        assert!(e.message().contains(needle), "{ns}: {}", e.message());
+    }
+    // A well-behaved hook beside them still answers.
+    let r = kubelet
+        .allocate("qat.example.com/generic", &["0000:3d:01.0"])
+        .await
+        .unwrap();
+    assert_eq!(r.container_responses[0].envs["QAT0"], "0000:3d:01.0");
+    // The refused type never reached kubelet; the log names the scanner, the rule and the value.
+    assert!(
+        !kubelet
+            .resources()
+            .contains(&"bad.example.com/bad".to_string())
+    );
+    let log = host.log();
+    assert!(
+        log.contains("device tree refused")
+            && log.contains("allowed-mounts")
+            && log.contains("\"/\""),
+        "{log}"
+    );
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }

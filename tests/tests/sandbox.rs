@@ -62,6 +62,9 @@ async fn hostile_probes_are_all_denied() {
         "tcp-connect",
         "host-env",
         "fd-magic",
+        "sys-trailing-slash",
+        "devfs-trailing-slash",
+        "devfs-long-path",
     ];
     for probe in expected {
         let outcome = report

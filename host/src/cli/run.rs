@@ -14,6 +14,7 @@ use crate::hooks::Hooks;
 use crate::kubelet::dir::PluginDir;
 use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 use crate::manager::{Claims, Manager};
+use crate::policy::{self, Policy};
 use crate::sandbox::{GuestSpec, Roots, Sandbox};
 use crate::scanner::{RestartPolicy, Scanner, supervise};
 use crate::server::Kubelet;
@@ -59,12 +60,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         sys: args.sys_root,
         dev: args.dev_root,
     })?;
+    let plugin_dir_len = args.plugin_dir.as_os_str().len();
     let mut ready = Vec::with_capacity(config.scanners.len());
     for s in &config.scanners {
+        let max_dev_type_len = policy::dev_type_budget(plugin_dir_len, &s.namespace);
+        if max_dev_type_len == 0 {
+            anyhow::bail!(
+                "scanner {}: namespace {:?} leaves no room for a dev-type in a socket path under {} ({} bytes at most)",
+                s.name,
+                s.namespace,
+                args.plugin_dir.display(),
+                crate::server::MAX_SOCKET_PATH
+            );
+        }
         let spec = GuestSpec {
-            name: s.name.as_str().into(),
-            env: s.env.clone(),
             limits: s.limits,
+            policy: Arc::new(Policy {
+                max_dev_type_len,
+                ..s.policy.clone()
+            }),
+            ..GuestSpec::new(&s.name, s.env.clone())
         };
         let component = sandbox
             .load(&s.component)

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::sync::mpsc;
 
+use crate::policy::Policy;
 use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox};
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use crate::tree::DeviceTree;
@@ -39,6 +40,11 @@ pub struct ScanArgs {
     /// An environment variable for the guest; repeat for more. The guest sees nothing else.
     #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
     env: Vec<(String, String)>,
+
+    /// A host path mounts may use (it or anything below it); repeat for more. Default: none, and
+    /// a tree with any other mount is refused.
+    #[arg(long, value_name = "PATH")]
+    allow_mount: Vec<String>,
 
     /// Exit after the first tree, or when the scanner returns.
     #[arg(long)]
@@ -93,12 +99,15 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
     let pre = component.scanner()?;
     let scanner = Scanner {
         spec: GuestSpec {
-            name: name.clone(),
-            env: args.env.clone(),
             limits: GuestLimits {
                 memory: args.memory,
                 call_timeout: args.call_timeout,
             },
+            policy: Arc::new(Policy {
+                allowed_mounts: args.allow_mount.clone(),
+                ..Policy::default()
+            }),
+            ..GuestSpec::new(&name, args.env.clone())
         },
         pre,
     };

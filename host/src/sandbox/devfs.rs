@@ -292,4 +292,71 @@ mod tests {
             Err(DevfsError::NotASymlink { .. })
         ));
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn guest_path() -> impl Strategy<Value = String> {
+            prop::collection::vec(
+                prop_oneof![
+                    Just("escape"),
+                    Just("up"),
+                    Just(".."),
+                    Just("."),
+                    Just(""),
+                    Just("dri"),
+                    Just("card0"),
+                    Just("passwd"),
+                ],
+                0..6,
+            )
+            .prop_flat_map(|parts| {
+                (
+                    Just(parts.join("/")),
+                    prop_oneof![Just("/dev/"), Just("/dev"), Just("/"), Just("")],
+                )
+            })
+            .prop_map(|(rest, prefix)| format!("{prefix}{rest}"))
+        }
+
+        proptest! {
+            #![proptest_config(crate::fuzz::config())]
+
+            /// Any string: the resolver never panics and never yields a path with `..`.
+            #[test]
+            fn resolver_only_yields_plain_relative_paths(path in "\\PC{0,64}") {
+                if let Ok(rel) = guest_to_relative(&path) {
+                    prop_assert!(rel.is_relative());
+                    prop_assert!(rel.components().all(|c| matches!(
+                        c,
+                        std::path::Component::Normal(_) | std::path::Component::CurDir
+                    )));
+                }
+            }
+
+            /// Paths through symlinks that leave the root never reach what is outside it.
+            #[test]
+            fn nothing_outside_the_root_is_ever_described(path in guest_path()) {
+                let tmp = tempfile::tempdir().unwrap();
+                let dev = tmp.path().join("dev");
+                std::fs::create_dir_all(dev.join("dri")).unwrap();
+                std::fs::write(dev.join("dri/card0"), "").unwrap();
+                std::fs::write(tmp.path().join("passwd"), "secret").unwrap();
+                std::os::unix::fs::symlink(tmp.path(), dev.join("escape")).unwrap();
+                std::os::unix::fs::symlink("..", dev.join("up")).unwrap();
+                let fs = DevFs::open(&dev).unwrap();
+                let through_link = path
+                    .split('/')
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .any(|w| matches!(w[0], "escape" | "up") && !w[1].is_empty());
+                if through_link {
+                    prop_assert!(fs.stat(&path).is_err(), "{path:?} reached outside");
+                    prop_assert!(fs.read_dir(&path).is_err(), "{path:?} listed outside");
+                }
+                prop_assert!(fs.read_link(&path).map_or(true, |t| !t.contains("secret")));
+            }
+        }
+    }
 }

@@ -32,6 +32,8 @@ pub use state::{CpuBudget, GuestState, Stopped};
 use self::devfs::DevFs;
 use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
+use crate::metrics::ScannerMetrics;
+use crate::policy::Policy;
 
 /// Per-guest resource limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +53,7 @@ impl Default for GuestLimits {
     }
 }
 
-/// Who a guest is and what it is given.
+/// Who a guest is, what it is given, and what it may return.
 #[derive(Debug, Clone)]
 pub struct GuestSpec {
     /// Name used in logs and errors.
@@ -59,6 +61,23 @@ pub struct GuestSpec {
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
     pub limits: GuestLimits,
+    /// The rules its trees and hook answers must follow.
+    pub policy: Arc<Policy>,
+    /// Its counters.
+    pub metrics: Arc<ScannerMetrics>,
+}
+
+impl GuestSpec {
+    /// A guest with the default limits and policy.
+    pub fn new(name: &str, env: Vec<(String, String)>) -> Self {
+        GuestSpec {
+            name: name.into(),
+            env,
+            limits: GuestLimits::default(),
+            policy: Arc::default(),
+            metrics: Arc::default(),
+        }
+    }
 }
 
 /// Where a sandbox's guests see /sys and /dev from.
@@ -156,6 +175,11 @@ impl Sandbox {
         &self.roots
     }
 
+    /// The confined view of the dev root, for checking what guests return.
+    pub fn devfs(&self) -> &DevFs {
+        &self.devfs
+    }
+
     /// Reads and compiles a component file. Compiling is CPU-heavy (milliseconds for Rust guests,
     /// seconds for Python), so it runs on the blocking pool.
     pub async fn load(&self, path: &Path) -> Result<LoadedComponent, SandboxError> {
@@ -209,7 +233,9 @@ impl Sandbox {
             memory: usize::try_from(guest.limits.memory).unwrap_or(usize::MAX),
         };
         let state = GuestState {
-            name: guest.name.clone(),
+            spec: guest.clone(),
+            refusals_logged: None,
+            refusals_unlogged: 0,
             wasi: wasi.build(),
             table: Default::default(),
             limits,

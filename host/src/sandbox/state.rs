@@ -16,8 +16,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::bindings::{devfs, notifier, types};
 use super::devfs::{DevFs, Node, NodeKind};
 use super::engine::TICK;
+use crate::metrics::ScannerMetrics;
 use crate::scanner::ScannerEvent;
-use crate::tree::DeviceTree;
 
 /// Why the host stopped a guest (as opposed to the guest trapping on its own).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -34,7 +34,10 @@ pub enum Stopped {
 
 /// The store data of one guest instance.
 pub struct GuestState {
-    pub(crate) name: Arc<str>,
+    pub(crate) spec: super::GuestSpec,
+    /// When a refused tree was last logged, and how many were not logged since.
+    pub(crate) refusals_logged: Option<Instant>,
+    pub(crate) refusals_unlogged: u64,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) limits: super::limits::GuestLimiter,
@@ -118,13 +121,36 @@ impl notifier::Host for GuestState {
     async fn notify(&mut self, tree: types::DeviceTree) -> wasmtime::Result<()> {
         self.cpu.check_in();
         let Some(sink) = &self.sink else {
-            tracing::warn!(scanner = &*self.name, "a hook called notify; ignored");
+            tracing::warn!(scanner = &*self.spec.name, "a hook called notify; ignored");
             return Ok(());
         };
-        let notified = match DeviceTree::from_guest(tree) {
-            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
+        let metrics = &self.spec.metrics;
+        let notified = match self.spec.policy.check_tree(tree, &self.devfs) {
+            Ok(tree) => {
+                ScannerMetrics::bump(&metrics.trees_accepted);
+                ScannerEvent::Tree(Arc::new(tree))
+            }
             Err(e) => {
-                tracing::warn!(scanner = &*self.name, rule = %e, "device tree refused");
+                ScannerMetrics::bump(&metrics.trees_refused);
+                // One event per refused tree, but at most one a second: a guest that floods
+                // bad trees must not flood the log. The counter sees every one.
+                let now = Instant::now();
+                if self
+                    .refusals_logged
+                    .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+                {
+                    tracing::warn!(
+                        scanner = &*self.spec.name,
+                        rule = e.rule(),
+                        error = %e,
+                        not_logged_since_last = self.refusals_unlogged,
+                        "device tree refused; the last good tree stays served"
+                    );
+                    self.refusals_logged = Some(now);
+                    self.refusals_unlogged = 0;
+                } else {
+                    self.refusals_unlogged += 1;
+                }
                 ScannerEvent::Refused(e)
             }
         };

@@ -16,7 +16,16 @@ use std::hint::black_box;
 use wdp_guest::{ContainerAllocateRequest, ContainerAllocateResponse, config};
 
 /// Every value of `HOOK_MODE`.
-pub const MODES: [&str; 5] = ["renumber", "fail", "hang", "panic", "echo"];
+pub const MODES: [&str; 8] = [
+    "renumber",
+    "fail",
+    "hang",
+    "panic",
+    "echo",
+    "mount-root",
+    "node-outside-dev",
+    "wrong-count",
+];
 
 /// Splits `key` into a non-empty prefix and its trailing decimal number (`QAT12` -> `("QAT",
 /// 12)`); None when there are no trailing digits, nothing before them, or the number is too big.
@@ -87,6 +96,30 @@ impl wdp_guest::PostAllocator for Hooks {
             }
             "panic" => panic!("hook panic"),
             "echo" => Ok(responses),
+            // Attacks on the host's output policy: each answer must fail that Allocate only.
+            "mount-root" => Ok(responses
+                .into_iter()
+                .map(|mut r| {
+                    r.mounts.push(wdp_guest::types::Mount {
+                        container_path: "/host".into(),
+                        host_path: "/".into(),
+                        read_only: false,
+                    });
+                    r
+                })
+                .collect()),
+            "node-outside-dev" => Ok(responses
+                .into_iter()
+                .map(|mut r| {
+                    r.devices.push(wdp_guest::types::DeviceSpec {
+                        container_path: "/dev/sda".into(),
+                        host_path: "/etc/shadow".into(),
+                        permissions: "rw".into(),
+                    });
+                    r
+                })
+                .collect()),
+            "wrong-count" => Ok(Vec::new()),
             other => Err(format!("HOOK_MODE={other:?} is not handled")),
         }
     }

@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify};
 
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 7] = [
+pub const ATTACKS: [&str; 10] = [
     "probe",
     "memory",
     "spin",
@@ -31,10 +31,34 @@ pub const ATTACKS: [&str; 7] = [
     "recursion",
     "flood",
     "notify-then-spin",
+    "bad-tree",
+    "raw-out-of-bounds",
+    "raw-bad-utf8",
+];
+
+/// Every value of `BAD` (with `ATTACK=bad-tree`): one way each to break the output policy.
+pub const BAD_TREES: [&str; 17] = [
+    "node-outside-dev",
+    "node-dotdot",
+    "node-missing",
+    "node-escape-link",
+    "mount-root",
+    "mount-etc",
+    "permissions",
+    "env-name",
+    "duplicate-ids",
+    "long-id",
+    "dev-type",
+    "giant-tree",
+    "giant-string",
+    "too-many-types",
+    "cdi-name",
+    "annotation-key",
+    "relative-container-path",
 ];
 
 /// The probes, in report order.
-pub const PROBES: [&str; 14] = [
+pub const PROBES: [&str; 17] = [
     "read-etc-passwd",
     "sys-dotdot",
     "sys-abs-symlink",
@@ -49,6 +73,9 @@ pub const PROBES: [&str; 14] = [
     "tcp-connect",
     "host-env",
     "fd-magic",
+    "sys-trailing-slash",
+    "devfs-trailing-slash",
+    "devfs-long-path",
 ];
 
 /// Printable ASCII only, at most 80 characters: what a leak report carries.
@@ -167,6 +194,155 @@ fn devfs_escape_link() -> String {
     }
 }
 
+fn sys_trailing_slash() -> String {
+    for path in [
+        "/sys/escape-abs/",
+        "/sys/escape-rel/",
+        "/sys/escape-abs/passwd/",
+    ] {
+        if let Ok(entries) = fs::read_dir(path) {
+            let names: Vec<String> = entries
+                .filter_map(Result::ok)
+                .take(3)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            return leaked(format!("read-dir {path}: {}", names.join(",")));
+        }
+    }
+    read_any(&[
+        "/sys/escape-abs/passwd/".into(),
+        "/sys/escape-rel/passwd/".into(),
+    ])
+}
+
+fn devfs_trailing_slash() -> String {
+    match (
+        devfs::read_dir("/dev/escape/"),
+        devfs::stat("/dev/escape/passwd/"),
+    ) {
+        (Ok(nodes), _) if !nodes.is_empty() => {
+            leaked(format!("read-dir /dev/escape/: {}", nodes.len()))
+        }
+        (_, Ok(n)) => leaked(format!("stat /dev/escape/passwd/: {:?}", n.kind)),
+        (Ok(_), Err(e)) => denied(format!("empty; {e}")),
+        (Err(e1), Err(e2)) => denied(format!("{e1}; {e2}")),
+    }
+}
+
+/// The tree for `BAD=kind`: valid except for one thing.
+pub fn bad_tree(kind: &str) -> DeviceTree {
+    let node = |path: &str| DeviceInfo::new().node(path, "/dev/x", "rw");
+    let good = || node("/dev/null");
+    let mut t = TreeBuilder::new();
+    match kind {
+        "node-outside-dev" => {
+            t.add("bad", "x", node("/etc/shadow"));
+        }
+        "node-dotdot" => {
+            t.add("bad", "x", node("/dev/../etc/shadow"));
+        }
+        "node-missing" => {
+            t.add("bad", "x", node("/dev/does-not-exist"));
+        }
+        "node-escape-link" => {
+            t.add("bad", "x", node("/dev/escape/shadow"));
+        }
+        "mount-root" => {
+            t.add("bad", "x", good().mount("/", "/host", false));
+        }
+        "mount-etc" => {
+            t.add("bad", "x", good().mount("/etc", "/etc", true));
+        }
+        "permissions" => {
+            t.add(
+                "bad",
+                "x",
+                DeviceInfo::new().node("/dev/null", "/dev/x", "rwx"),
+            );
+        }
+        "env-name" => {
+            t.add("bad", "x", good().env("LD_PRELOAD=/x.so FOO", "1"));
+        }
+        "duplicate-ids" => {
+            // TreeBuilder keeps the first of a repeated id: build the group by hand.
+            let group = t.group("bad");
+            for _ in 0..2 {
+                group.devices.push(wdp_guest::types::Device {
+                    id: "twin".into(),
+                    info: good(),
+                });
+            }
+        }
+        "long-id" => {
+            t.add("bad", "i".repeat(64), good());
+        }
+        "dev-type" => {
+            t.add("../../etc", "x", good());
+        }
+        "giant-tree" => {
+            // Pushed directly: the builder's duplicate check is linear per add.
+            let info = good();
+            t.group("bad")
+                .devices
+                .extend((0..20_000).map(|i| wdp_guest::types::Device {
+                    id: format!("d{i}"),
+                    info: info.clone(),
+                }));
+        }
+        "giant-string" => {
+            t.add("bad", "x", good().env("BIG", "x".repeat(8 << 20)));
+        }
+        "too-many-types" => {
+            for i in 0..1000 {
+                t.add(&format!("t{i}"), "x", good());
+            }
+        }
+        "cdi-name" => {
+            t.add("bad", "x", good().cdi_device("not-qualified"));
+        }
+        "annotation-key" => {
+            t.add("bad", "x", good().annotation("-bad key-", "1"));
+        }
+        "relative-container-path" => {
+            t.add(
+                "bad",
+                "x",
+                DeviceInfo::new().node("/dev/null", "dev/x", "rw"),
+            );
+        }
+        other => unreachable!("unknown bad tree {other}"),
+    }
+    t.build()
+}
+
+// The raw canonical-ABI import behind `notifier.notify(list<device-group>)`: (pointer, length).
+#[cfg(target_arch = "wasm32")]
+#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.0")]
+unsafe extern "C" {
+    #[link_name = "notify"]
+    fn raw_notify(groups: *const u8, len: usize);
+}
+
+/// Calls notify with a list the host cannot lift: the host must trap this guest, nothing else.
+#[cfg(target_arch = "wasm32")]
+fn raw_notify_attack(kind: &str) {
+    match kind {
+        // A list of a billion 16-byte records: far past the end of linear memory.
+        "raw-out-of-bounds" => unsafe { raw_notify(8 as *const u8, 1 << 30) },
+        // One device-group whose dev-type string is not UTF-8.
+        _ => {
+            static BYTES: [u8; 4] = [0xff, 0xfe, 0xc3, 0x28];
+            let record: [u32; 4] = [BYTES.as_ptr() as u32, BYTES.len() as u32, 0, 0];
+            unsafe { raw_notify(black_box(record.as_ptr()).cast(), 1) }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn raw_notify_attack(_: &str) {
+    unreachable!("host imports exist only on wasm")
+}
+
 fn tcp_connect(port: u16) -> String {
     match std::net::TcpStream::connect(("127.0.0.1", port)) {
         Ok(_) => leaked(format!("connected to 127.0.0.1:{port}")),
@@ -219,6 +395,9 @@ fn probes(tcp_port: u16) -> Vec<(String, String)> {
         tcp_connect(tcp_port),
         host_env_outcome(&names),
         fd_magic(),
+        sys_trailing_slash(),
+        devfs_trailing_slash(),
+        devfs_stat(&format!("/dev/{}", "a/".repeat(3000))),
     ];
     PROBES.iter().map(|p| p.to_string()).zip(outcomes).collect()
 }
@@ -294,6 +473,20 @@ impl wdp_guest::Scanner for Hostile {
                     notify(&single("flood", &format!("n{i}")));
                 }
                 Ok(())
+            }
+            "bad-tree" => {
+                let kind = config::env_choice("BAD", "node-outside-dev", &BAD_TREES)?;
+                notify(&single("good", "g"));
+                notify(&bad_tree(kind));
+                // Stay up: the host must keep serving the good tree.
+                loop {
+                    devfs::wait_for_change(u32::MAX);
+                }
+            }
+            "raw-out-of-bounds" | "raw-bad-utf8" => {
+                notify(&single("good", "g"));
+                raw_notify_attack(attack);
+                Err("LEAKED: the host accepted an unliftable notify".into())
             }
             "notify-then-spin" => {
                 notify(&single("before", "x"));

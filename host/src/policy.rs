@@ -1,0 +1,325 @@
+//! The output policy: what a guest may put in front of kubelet.
+//!
+//! [`crate::tree`] checks that a tree is well formed; this module adds the operator's rules, which
+//! depend on the node and the config: size caps (checked first, on the raw guest data, so a giant
+//! tree costs nothing more), device nodes that must exist in the dev root, mounts only from an
+//! explicit allow-list, and dev-type names short enough for their socket path. Every tree a guest
+//! notifies and every response a hook returns passes here before kubelet sees it.
+
+use crate::allocate::ContainerResponse;
+use crate::sandbox::bindings::types as wit;
+use crate::sandbox::devfs::DevFs;
+use crate::tree::{DeviceTree, Mount, TreeError};
+
+/// The per-scanner policy. `Default` is the safe default: no mounts, generous size caps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Host paths a mount may use: a listed path itself or anything below it. Empty: no mounts.
+    pub allowed_mounts: Vec<String>,
+    /// Most device types in one tree.
+    pub max_types: usize,
+    /// Most devices in one type.
+    pub max_devices_per_type: usize,
+    /// Longest string (id, path, env or annotation key or value, CDI name), in bytes.
+    pub max_string_bytes: usize,
+    /// Most bytes of strings in one tree or one hook answer.
+    pub max_tree_bytes: usize,
+    /// Longest dev-type: 63 for kubelet, less when the socket path would not fit.
+    pub max_dev_type_len: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            allowed_mounts: Vec::new(),
+            max_types: 64,
+            max_devices_per_type: 16_384,
+            max_string_bytes: 4096,
+            max_tree_bytes: 16 << 20,
+            max_dev_type_len: 63,
+        }
+    }
+}
+
+impl Policy {
+    /// Checks a notified tree: caps, structure, then the operator's rules.
+    pub fn check_tree(
+        &self,
+        groups: Vec<wit::DeviceGroup>,
+        dev: &DevFs,
+    ) -> Result<DeviceTree, TreeError> {
+        self.check_sizes(&groups)?;
+        if let Some(g) = groups
+            .iter()
+            .find(|g| g.dev_type.len() > self.max_dev_type_len)
+        {
+            return Err(TreeError::DevTypeTooLong {
+                value: g.dev_type.clone(),
+                max: self.max_dev_type_len,
+            });
+        }
+        let tree = DeviceTree::from_guest(groups)?;
+        for (id, info) in tree.0.values().flat_map(|g| g.iter()) {
+            let owner = format!("device {id:?}");
+            self.check_mounts(&owner, &info.mounts)?;
+            for node in &info.nodes {
+                check_node_exists(&owner, &node.host_path, dev)?;
+            }
+        }
+        Ok(tree)
+    }
+
+    /// Checks what a post-allocator returned for container `index`.
+    pub fn check_response(
+        &self,
+        index: usize,
+        response: wit::ContainerAllocateResponse,
+        dev: &DevFs,
+    ) -> Result<ContainerResponse, TreeError> {
+        let mut bytes = 0usize;
+        let owner = format!("the response for container {index}");
+        for s in response_strings(&response) {
+            self.check_string(&owner, s, &mut bytes)?;
+        }
+        let response = ContainerResponse::from_wit(index, response)?;
+        self.check_mounts(&owner, &response.mounts)?;
+        for node in &response.devices {
+            check_node_exists(&owner, &node.host_path, dev)?;
+        }
+        Ok(response)
+    }
+
+    fn check_sizes(&self, groups: &[wit::DeviceGroup]) -> Result<(), TreeError> {
+        if groups.len() > self.max_types {
+            return Err(TreeError::TooManyTypes {
+                count: groups.len(),
+                max: self.max_types,
+            });
+        }
+        let mut bytes = 0usize;
+        for g in groups {
+            self.check_string("a dev-type", &g.dev_type, &mut bytes)?;
+            if g.devices.len() > self.max_devices_per_type {
+                return Err(TreeError::TooManyDevices {
+                    dev_type: g.dev_type.clone(),
+                    count: g.devices.len(),
+                    max: self.max_devices_per_type,
+                });
+            }
+            for d in &g.devices {
+                self.check_string("a device id", &d.id, &mut bytes)?;
+                let owner = format!("device {:?}", d.id);
+                for s in info_strings(&d.info) {
+                    self.check_string(&owner, s, &mut bytes)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_string(&self, owner: &str, s: &str, total: &mut usize) -> Result<(), TreeError> {
+        if s.len() > self.max_string_bytes {
+            return Err(TreeError::StringTooLong {
+                owner: owner.into(),
+                start: s.chars().take(32).collect(),
+                len: s.len(),
+                max: self.max_string_bytes,
+            });
+        }
+        *total += s.len();
+        if *total > self.max_tree_bytes {
+            return Err(TreeError::TreeTooLarge {
+                max: self.max_tree_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_mounts(&self, owner: &str, mounts: &[Mount]) -> Result<(), TreeError> {
+        for m in mounts {
+            let allowed = self.allowed_mounts.iter().any(|a| {
+                m.host_path == *a
+                    || m.host_path
+                        .strip_prefix(a.as_str())
+                        .is_some_and(|rest| rest.starts_with('/') || a.ends_with('/'))
+            });
+            if !allowed {
+                return Err(TreeError::MountNotAllowed {
+                    owner: owner.into(),
+                    value: m.host_path.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A device node's host path must name something in the dev root (a node, or a link to one).
+fn check_node_exists(owner: &str, host_path: &str, dev: &DevFs) -> Result<(), TreeError> {
+    dev.stat(host_path)
+        .map(|_| ())
+        .map_err(|e| TreeError::NodeMissing {
+            owner: owner.into(),
+            value: host_path.into(),
+            cause: e.to_string(),
+        })
+}
+
+fn info_strings(info: &wit::DeviceInfo) -> impl Iterator<Item = &str> {
+    let nodes = info
+        .nodes
+        .iter()
+        .flat_map(|n| [&n.container_path, &n.host_path, &n.permissions]);
+    let mounts = info
+        .mounts
+        .iter()
+        .flat_map(|m| [&m.container_path, &m.host_path]);
+    let pairs = info
+        .envs
+        .iter()
+        .chain(&info.annotations)
+        .flat_map(|(k, v)| [k, v]);
+    nodes
+        .chain(mounts)
+        .chain(pairs)
+        .chain(&info.cdi_devices)
+        .map(String::as_str)
+}
+
+fn response_strings(r: &wit::ContainerAllocateResponse) -> impl Iterator<Item = &str> {
+    let nodes = r
+        .devices
+        .iter()
+        .flat_map(|n| [&n.container_path, &n.host_path, &n.permissions]);
+    let mounts = r
+        .mounts
+        .iter()
+        .flat_map(|m| [&m.container_path, &m.host_path]);
+    let pairs = r
+        .envs
+        .iter()
+        .chain(&r.annotations)
+        .flat_map(|(k, v)| [k, v]);
+    nodes
+        .chain(mounts)
+        .chain(pairs)
+        .chain(&r.cdi_devices)
+        .map(String::as_str)
+}
+
+/// The longest dev-type whose socket `<plugin_dir>/<namespace>-<dev-type>.sock` still fits.
+pub fn dev_type_budget(plugin_dir_len: usize, namespace: &str) -> usize {
+    let fixed = plugin_dir_len + 1 + namespace.len() + 1 + ".sock".len();
+    crate::server::MAX_SOCKET_PATH.saturating_sub(fixed).min(63)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> (tempfile::TempDir, DevFs) {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("kvm"), "").unwrap();
+        let dev = DevFs::open(tmp.path()).unwrap();
+        (tmp, dev)
+    }
+
+    fn group(dev_type: &str, n: usize, info: wit::DeviceInfo) -> wit::DeviceGroup {
+        wit::DeviceGroup {
+            dev_type: dev_type.into(),
+            devices: (0..n)
+                .map(|i| wit::Device {
+                    id: format!("d{i}"),
+                    info: info.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn info(host: &str, mount: Option<&str>) -> wit::DeviceInfo {
+        wit::DeviceInfo {
+            health: wit::Health::Healthy,
+            nodes: vec![wit::DeviceSpec {
+                container_path: "/dev/x".into(),
+                host_path: host.into(),
+                permissions: "rw".into(),
+            }],
+            mounts: mount
+                .map(|m| wit::Mount {
+                    container_path: "/m".into(),
+                    host_path: m.into(),
+                    read_only: true,
+                })
+                .into_iter()
+                .collect(),
+            envs: vec![],
+            annotations: vec![],
+            numa_nodes: None,
+            cdi_devices: vec![],
+        }
+    }
+
+    #[test]
+    fn caps_nodes_and_mounts() {
+        let (_tmp, dev) = dev();
+        let p = Policy {
+            allowed_mounts: vec!["/run/ok".into()],
+            max_types: 2,
+            max_devices_per_type: 3,
+            max_string_bytes: 64,
+            max_tree_bytes: 1000,
+            max_dev_type_len: 10,
+        };
+        let rule = |groups| p.check_tree(groups, &dev).map(|_| ()).unwrap_err().rule();
+        assert!(
+            p.check_tree(
+                vec![group("a", 3, info("/dev/kvm", Some("/run/ok/x")))],
+                &dev
+            )
+            .is_ok()
+        );
+        assert_eq!(
+            rule(vec![group("a", 4, info("/dev/kvm", None))]),
+            "max-devices-per-type"
+        );
+        assert_eq!(
+            rule(vec![group("a", 1, info("/dev/kvm", None)); 3]),
+            "max-types"
+        );
+        assert_eq!(
+            rule(vec![group("a", 1, info(&"/dev/x".repeat(20), None))]),
+            "max-string-bytes"
+        );
+        assert_eq!(
+            rule(vec![group("abcdefghijk", 1, info("/dev/kvm", None))]),
+            "dev-type-length"
+        );
+        assert_eq!(
+            rule(vec![group("a", 1, info("/dev/nope", None))]),
+            "node-exists"
+        );
+        assert_eq!(
+            rule(vec![group("a", 1, info("/dev/kvm", Some("/run/okay")))]),
+            "allowed-mounts"
+        );
+        assert_eq!(
+            rule(vec![group("a", 1, info("/dev/kvm", Some("/")))]),
+            "allowed-mounts"
+        );
+        let big = Policy {
+            max_tree_bytes: 30,
+            ..p.clone()
+        };
+        let err = big
+            .check_tree(vec![group("a", 3, info("/dev/kvm", None))], &dev)
+            .unwrap_err();
+        assert_eq!(err.rule(), "max-tree-bytes");
+    }
+
+    #[test]
+    fn socket_budget() {
+        assert_eq!(dev_type_budget(31, "devices.example.com"), 50);
+        assert_eq!(dev_type_budget(0, "a"), 63);
+        assert_eq!(dev_type_budget(200, "a"), 0);
+    }
+}

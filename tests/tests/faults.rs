@@ -1,0 +1,220 @@
+//! Host-side faults: each gives a clear log line, no crash, and recovery once the fault is gone.
+
+use std::time::Duration;
+
+use wdp::kubelet::api::Empty;
+use wdp::kubelet::standin::StandIn;
+use wdp_tests::fixture::Fixture;
+use wdp_tests::guest;
+use wdp_tests::host::{Host, Seen, serve};
+
+fn kvm_config(f: &Fixture) -> std::path::PathBuf {
+    let path = f.path().join("wdp.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}\n",
+            guest("kvm").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn setup() -> (Fixture, std::path::PathBuf, std::path::PathBuf) {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let plugins = f.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let config = kvm_config(&f);
+    (f, plugins, config)
+}
+
+async fn until_logged(host: &Host, needle: &str) {
+    for _ in 0..200 {
+        if host.log().contains(needle) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the log never said {needle:?}:\n{}", host.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_socket_missing_at_start() {
+    let (f, plugins, config) = setup();
+    let host = Host::start(&config, &plugins, &f);
+    until_logged(&host, "kubelet socket absent; waiting for it").await;
+    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
+    Seen::new(seen)
+        .devices("devices.example.com/kvm", &["kvm-0"])
+        .await;
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// A "kubelet" that accepts connections and never answers: registration must not hang for
+/// ever, and a real kubelet appearing afterwards is registered with at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_that_never_answers_register() {
+    let (f, plugins, config) = setup();
+    let socket = plugins.join("kubelet.sock");
+    let mute = tokio::net::UnixListener::bind(&socket).unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((conn, _)) = mute.accept().await {
+            conns.push(conn); // hold, never speak
+        }
+    });
+    let host = Host::start(&config, &plugins, &f);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    held.abort();
+    // The real kubelet replaces the mute one (it removes the old socket as kubelet does).
+    std::fs::remove_file(&socket).unwrap();
+    let started = std::time::Instant::now();
+    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
+    Seen::new(seen)
+        .devices("devices.example.com/kvm", &["kvm-0"])
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "registration waited out the mute kubelet: {:?}",
+        started.elapsed()
+    );
+    until_logged(&host, "registered with kubelet").await;
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// kubelet dropping ListAndWatch streams at random moments: each new stream gets the full list
+/// at once, and a long-lived stream keeps receiving updates throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_closed_at_random() {
+    let (f, plugins, config) = setup();
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices("devices.example.com/kvm", &["kvm-0"]).await;
+    let client = kubelet.client("devices.example.com/kvm").unwrap();
+    // A deterministic "random" schedule (xorshift), so a failure reproduces.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for round in 0..40 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut c = client.clone();
+        let mut stream = c.list_and_watch(Empty {}).await.unwrap().into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("first list in time")
+            .unwrap()
+            .expect("a list");
+        assert_eq!(first.devices.len(), 1, "round {round}");
+        tokio::time::sleep(Duration::from_millis(x % 20)).await;
+        drop(stream); // closed at a random moment
+    }
+    // The stand-in's own stream saw none of that: a hot-plug still reaches it.
+    f.char_dev("fuse", 10, 229);
+    seen.devices("devices.example.com/fuse", &["fuse-0"]).await;
+    let r = kubelet
+        .allocate("devices.example.com/kvm", &["kvm-0"])
+        .await
+        .unwrap();
+    assert_eq!(r.container_responses[0].devices[0].host_path, "/dev/kvm");
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// The plugin directory becomes read-only: the socket cannot be created; once writable again,
+/// the resource is served and registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_dir_not_writable() {
+    let (f, plugins, config) = setup();
+    let mount = |opts: &str| {
+        std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(&plugins)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !mount("rw,size=1m") {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root with mount rights)");
+        return;
+    }
+    let remount = |opts: &str| {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(&plugins)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "remount {opts}");
+    };
+    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
+    let mut seen = Seen::new(seen);
+    remount("ro");
+    let host = Host::start(&config, &plugins, &f);
+    until_logged(&host, "cannot listen; retrying").await;
+    assert!(
+        host.log().contains("Read-only file system"),
+        "{}",
+        host.log()
+    );
+    remount("rw");
+    seen.devices("devices.example.com/kvm", &["kvm-0"]).await;
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+    let _ = std::process::Command::new("umount").arg(&plugins).status();
+}
+
+/// The config file deleted while running: nothing changes; the host still serves and still
+/// follows a kubelet restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_deleted_while_running() {
+    let (f, plugins, config) = setup();
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices("devices.example.com/kvm", &["kvm-0"]).await;
+    std::fs::remove_file(&config).unwrap();
+    kubelet.stop().await;
+    let (kubelet, seen) = StandIn::start(&plugins).unwrap();
+    Seen::new(seen)
+        .devices("devices.example.com/kvm", &["kvm-0"])
+        .await;
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// Components that cannot run are refused before anything starts, naming scanner and file.
+#[test]
+fn components_that_are_not_scanners_are_refused_at_start() {
+    let (f, plugins, _) = setup();
+    let not_wasm = f.path().join("notes.wasm");
+    std::fs::write(&not_wasm, "this is not wasm").unwrap();
+    for (component, needle) in [
+        (not_wasm.clone(), "is not a valid wasm component"),
+        (
+            guest("test_hooks"),
+            "does not export wdp:device-plugin/scanner",
+        ),
+    ] {
+        let config = f.path().join("bad.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "scanners:\n  - name: odd\n    component: {}\n    namespace: x.example.com\n",
+                component.display()
+            ),
+        )
+        .unwrap();
+        let out = wdp_tests::wdp(&[
+            "run",
+            "--config",
+            &config.display().to_string(),
+            "--plugin-dir",
+            &plugins.display().to_string(),
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("scanner odd") && err.contains(needle), "{err}");
+        assert!(wdp_tests::host::sockets(&plugins).is_empty());
+    }
+}
