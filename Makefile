@@ -15,9 +15,11 @@ DEMO_DURATION ?=
 
 all: build
 
-## setup: install the toolchain pieces the build needs (idempotent)
+## setup: install what the build and tests need (idempotent): the wasm32-wasip2 target, and
+## Debian's docker-registry (a real OCI registry for the OCI tests, run on 127.0.0.1 by them)
 setup:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	@command -v docker-registry >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null; }
 
 ## guests: build every guest component (scanners, hooks, test guests) for wasm32-wasip2
 guests: setup

@@ -9,6 +9,11 @@
 //!     post-allocator: path/to/hook.wasm  # optional; may be the same file as component
 //!     limits: { memory: 64Mi, call-timeout: 5s }
 //!     policy: { allowed-mounts: [/run/udev] } # optional; see `crate::policy::Policy`
+//!     verify-key: cosign.pub             # optional: oci:// components must carry a signature
+//! oci:                                   # optional; for oci://registry/repo[:tag][@digest]
+//!   cache-dir: /var/lib/wdp/oci
+//!   insecure-registries: [127.0.0.1:5000]
+//!   require-digest: false
 //! ```
 //!
 //! Everything is checked before anything starts; an error names the file, the key (as
@@ -28,16 +33,38 @@ use crate::units;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub scanners: Vec<ScannerConfig>,
+    pub oci: OciConfig,
 }
+
+/// Where a component comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ComponentSource {
+    File(PathBuf),
+    /// An `oci://` reference, as written.
+    Oci(String),
+}
+
+/// Settings for `oci://` components.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OciConfig {
+    pub cache_dir: PathBuf,
+    pub insecure_registries: Vec<String>,
+    pub require_digest: bool,
+}
+
+/// Where pulled components are kept by default.
+pub const DEFAULT_OCI_CACHE: &str = "/var/lib/wdp/oci";
 
 /// One scanner, with paths resolved against the config file's directory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScannerConfig {
     pub name: String,
-    pub component: PathBuf,
+    pub component: ComponentSource,
     pub namespace: String,
     pub env: Vec<(String, String)>,
-    pub post_allocator: Option<PathBuf>,
+    pub post_allocator: Option<ComponentSource>,
+    /// Public key an `oci://` component's signature must verify with.
+    pub verify_key: Option<PathBuf>,
     pub limits: GuestLimits,
     pub policy: Policy,
 }
@@ -64,17 +91,30 @@ pub enum ConfigError {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     scanners: Vec<RawScanner>,
+    #[serde(default)]
+    oci: RawOci,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawOci {
+    cache_dir: Option<PathBuf>,
+    #[serde(default)]
+    insecure_registries: Vec<String>,
+    #[serde(default)]
+    require_digest: bool,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawScanner {
     name: String,
-    component: PathBuf,
+    component: String,
     namespace: String,
     #[serde(default)]
     env: BTreeMap<String, Scalar>,
-    post_allocator: Option<PathBuf>,
+    post_allocator: Option<String>,
+    verify_key: Option<PathBuf>,
     #[serde(default)]
     limits: RawLimits,
     #[serde(default)]
@@ -147,6 +187,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             "lists no scanner; add at least one".into(),
         ));
     }
+    let raw_require_digest = raw.oci.require_digest;
     let mut names = HashSet::new();
     let mut scanners = Vec::with_capacity(raw.scanners.len());
     for (i, s) in raw.scanners.into_iter().enumerate() {
@@ -178,25 +219,40 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                 ),
             ));
         }
-        let component = resolve(base, &s.component);
-        if !component.is_file() {
-            return Err(invalid(
-                key("component"),
-                format!("{}: no such file", component.display()),
-            ));
-        }
-        let post_allocator = match s.post_allocator {
-            Some(p) => {
-                let p = resolve(base, &p);
-                if !p.is_file() {
+        let source = |k: &str, value: &str| -> Result<ComponentSource, ConfigError> {
+            if value.starts_with(crate::oci::SCHEME) {
+                let reference = crate::oci::parse_reference(value)
+                    .map_err(|e| invalid(key(k), e.to_string()))?;
+                if raw_require_digest && reference.digest().is_none() {
                     return Err(invalid(
-                        key("post-allocator"),
-                        format!("{}: no such file", p.display()),
+                        key(k),
+                        format!(
+                            "{value:?} has no digest, and oci.require-digest is set: pin it as @sha256:..."
+                        ),
                     ));
                 }
-                Some(p)
+                return Ok(ComponentSource::Oci(value.to_string()));
             }
+            let path = resolve(base, Path::new(value));
+            if !path.is_file() {
+                return Err(invalid(key(k), format!("{}: no such file", path.display())));
+            }
+            Ok(ComponentSource::File(path))
+        };
+        let component = source("component", &s.component)?;
+        let post_allocator = s
+            .post_allocator
+            .as_deref()
+            .map(|p| source("post-allocator", p))
+            .transpose()?;
+        let verify_key = match s.verify_key {
             None => None,
+            Some(k) => {
+                let path = resolve(base, &k);
+                crate::oci::sign::PublicKey::from_file(&path)
+                    .map_err(|e| invalid(key("verify-key"), e.to_string()))?;
+                Some(path)
+            }
         };
         let mut env = Vec::with_capacity(s.env.len());
         for (k, v) in s.env {
@@ -267,11 +323,21 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             namespace: s.namespace,
             env,
             post_allocator,
+            verify_key,
             limits,
             policy,
         });
     }
-    Ok(Config { scanners })
+    let oci = OciConfig {
+        cache_dir: raw
+            .oci
+            .cache_dir
+            .map(|d| resolve(base, &d))
+            .unwrap_or_else(|| DEFAULT_OCI_CACHE.into()),
+        insecure_registries: raw.oci.insecure_registries,
+        require_digest: raw_require_digest,
+    };
+    Ok(Config { scanners, oci })
 }
 
 fn resolve(base: &Path, p: &Path) -> PathBuf {
@@ -322,7 +388,9 @@ mod tests {
         );
         assert_eq!(s.limits.memory, 32 << 20);
         assert_eq!(s.limits.call_timeout, Duration::from_secs(2));
-        assert!(s.component.ends_with("kvm.wasm") && s.component.is_absolute());
+        assert!(
+            matches!(&s.component, ComponentSource::File(p) if p.ends_with("kvm.wasm") && p.is_absolute())
+        );
         assert_eq!(s.policy.allowed_mounts, ["/run/udev"]);
         assert_eq!((s.policy.max_types, s.policy.max_tree_bytes), (3, 1 << 20));
     }
@@ -370,6 +438,18 @@ mod tests {
             (
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, policy: {allowed-mounts: [run/x]}}",
                 "scanners[0].policy.allowed-mounts[0]",
+            ),
+            (
+                "scanners:\n  - {name: a, component: 'oci://r.example/k:1', namespace: x.io}\noci: {require-digest: true}",
+                "scanners[0].component: \"oci://r.example/k:1\" has no digest",
+            ),
+            (
+                "scanners:\n  - {name: a, component: 'oci://Bad Ref', namespace: x.io}",
+                "scanners[0].component",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, verify-key: nope.pub}",
+                "scanners[0].verify-key",
             ),
             (
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, policy: {max-types: 0}}",

@@ -13,6 +13,7 @@ pub mod hooks;
 pub mod kubelet;
 pub mod manager;
 pub mod metrics;
+pub mod oci;
 pub mod policy;
 pub mod sandbox;
 pub mod scanner;

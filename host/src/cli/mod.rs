@@ -1,6 +1,7 @@
 //! The `wdp` command line: a thin layer over the library.
 
 mod kubelet;
+mod oci;
 mod run;
 mod scan;
 
@@ -36,6 +37,10 @@ enum Command {
     Scan(scan::ScanArgs),
     Run(run::RunArgs),
     Kubelet(kubelet::KubeletArgs),
+    Push(oci::PushArgs),
+    Pull(oci::PullArgs),
+    Inspect(oci::InspectArgs),
+    Sign(oci::SignArgs),
 }
 
 /// Entry point of the `wdp` binary.
@@ -58,6 +63,10 @@ pub fn main() -> ExitCode {
             Command::Scan(args) => scan::run(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Kubelet(args) => kubelet::run(args).await,
+            Command::Push(args) => oci::push(args).await,
+            Command::Pull(args) => oci::pull(args).await,
+            Command::Inspect(args) => oci::inspect(args).await,
+            Command::Sign(args) => oci::sign(args).await,
         }
     });
     match result {

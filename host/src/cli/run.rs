@@ -9,11 +9,12 @@ use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::config;
+use crate::config::{self, ComponentSource};
 use crate::hooks::Hooks;
 use crate::kubelet::dir::PluginDir;
 use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 use crate::manager::{Claims, Manager};
+use crate::oci;
 use crate::policy::{self, Policy};
 use crate::sandbox::{GuestSpec, Roots, Sandbox};
 use crate::scanner::{RestartPolicy, Scanner, supervise};
@@ -60,6 +61,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         sys: args.sys_root,
         dev: args.dev_root,
     })?;
+    let registry = oci::Registry::new(oci::RegistryOptions {
+        insecure: config.oci.insecure_registries.clone(),
+        username: std::env::var("WDP_REGISTRY_USERNAME").ok(),
+        password: std::env::var("WDP_REGISTRY_PASSWORD").ok(),
+    });
+    let cache = oci::Cache::new(&config.oci.cache_dir);
     let plugin_dir_len = args.plugin_dir.as_os_str().len();
     let mut ready = Vec::with_capacity(config.scanners.len());
     for s in &config.scanners {
@@ -81,8 +88,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }),
             ..GuestSpec::new(&s.name, s.env.clone())
         };
+        let key = s
+            .verify_key
+            .as_deref()
+            .map(oci::sign::PublicKey::from_file)
+            .transpose()
+            .with_context(|| format!("scanner {}", s.name))?;
+        let fetch = oci::FetchPolicy {
+            require_digest: config.oci.require_digest,
+            key,
+        };
+        let path = resolve(&registry, &cache, &s.component, oci::Role::Scanner, &fetch)
+            .await
+            .with_context(|| format!("scanner {}", s.name))?;
         let component = sandbox
-            .load(&s.component)
+            .load(&path)
             .await
             .with_context(|| format!("scanner {}", s.name))?;
         let pre = component
@@ -90,9 +110,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("scanner {}", s.name))?;
         let hooks = match &s.post_allocator {
             None => None,
-            Some(path) => {
+            Some(source) => {
+                let path = resolve(&registry, &cache, source, oci::Role::Hooks, &fetch)
+                    .await
+                    .with_context(|| format!("scanner {}: post-allocator", s.name))?;
                 let hook = sandbox
-                    .load(path)
+                    .load(&path)
                     .await
                     .with_context(|| format!("scanner {}: post-allocator", s.name))?;
                 let hooks = Hooks::new(sandbox.clone(), spec.clone(), &hook)
@@ -153,4 +176,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A local file for `source`: as is, or pulled, checked and cached.
+async fn resolve(
+    registry: &oci::Registry,
+    cache: &oci::Cache,
+    source: &ComponentSource,
+    role: oci::Role,
+    fetch: &oci::FetchPolicy,
+) -> anyhow::Result<PathBuf> {
+    match source {
+        ComponentSource::File(path) => {
+            if fetch.key.is_some() {
+                anyhow::bail!(
+                    "{}: verify-key applies to oci:// components; a local file carries no signature",
+                    path.display()
+                );
+            }
+            Ok(path.clone())
+        }
+        ComponentSource::Oci(reference) => {
+            Ok(oci::fetch(registry, cache, reference, role, fetch).await?)
+        }
+    }
 }

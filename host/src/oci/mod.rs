@@ -1,0 +1,363 @@
+//! Scanners as OCI artifacts: push, pull, pin, verify, cache.
+//!
+//! The artifact is the CNCF TAG-Runtime Wasm layout (config `application/vnd.wasm.config.v0+json`
+//! listing the component's imports and exports, one `application/wasm` layer), written and read
+//! with `oci-wasm`, so other tools of that ecosystem can use what wdp pushes.
+//!
+//! A pull is trusted only after: the manifest has exactly that layout, the layer's sha256 matches
+//! the manifest (and the reference's digest, when pinned), the component's world is one the host
+//! offers (checked from the artifact config, before anything is compiled), and, when a key is
+//! configured, a cosign signature over the manifest digest verifies ([`sign`]). Pulled components
+//! go to a content-addressed [`cache`], so a node restarts and serves with the registry down.
+
+pub mod cache;
+pub mod sign;
+
+use std::path::{Path, PathBuf};
+
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use oci_wasm::{WasmClient, WasmConfig};
+use sha2::{Digest, Sha256};
+
+pub use cache::Cache;
+
+/// The scheme of component references in the config.
+pub const SCHEME: &str = "oci://";
+
+/// How to reach registries.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// Registries (`host:port`) spoken to over plain HTTP; everything else is HTTPS.
+    pub insecure: Vec<String>,
+    /// Explicit credentials; otherwise the docker config file, otherwise anonymous.
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+/// What can go wrong with an artifact. Messages name the reference.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error(
+        "{reference:?} is not a valid OCI reference (registry/repository[:tag][@sha256:digest]): {source}"
+    )]
+    Reference {
+        reference: String,
+        source: oci_client::ParseError,
+    },
+    #[error("{reference}: the registry could not be reached or refused: {message}")]
+    Registry { reference: String, message: String },
+    #[error("{reference}: not a wasm component artifact: {message}")]
+    Layout { reference: String, message: String },
+    #[error("{reference}: digest mismatch: expected {expected}, got {actual}")]
+    Digest {
+        reference: String,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "{reference}: a blob does not match its digest (corrupted or tampered with in the registry): {detail}"
+    )]
+    Tampered { reference: String, detail: String },
+    #[error("{reference}: the component's world is not one this host runs: {message}")]
+    World { reference: String, message: String },
+    #[error("{reference}: signature check failed: {message}")]
+    Signature { reference: String, message: String },
+    #[error(
+        "{reference}: a digest is required (the config sets oci.require-digest): pin it as @sha256:..."
+    )]
+    DigestRequired { reference: String },
+    #[error("cache {path}: {source}")]
+    Cache {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+/// Parses `registry/repo[:tag][@sha256:...]`, with or without the `oci://` scheme.
+pub fn parse_reference(s: &str) -> Result<Reference, OciError> {
+    let bare = s.strip_prefix(SCHEME).unwrap_or(s);
+    bare.parse::<Reference>()
+        .map_err(|source| OciError::Reference {
+            reference: s.to_string(),
+            source,
+        })
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    let hash = Sha256::digest(bytes);
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// A registry client with wdp's settings.
+pub struct Registry {
+    client: WasmClient,
+    options: RegistryOptions,
+}
+
+/// A component fetched from a registry, checked.
+#[derive(Debug)]
+pub struct Pulled {
+    /// The manifest digest the reference resolved to.
+    pub manifest_digest: String,
+    /// The component layer's digest.
+    pub layer_digest: String,
+    pub bytes: Vec<u8>,
+    pub config: WasmConfig,
+}
+
+impl Registry {
+    /// A client speaking plain HTTP only to `options.insecure`.
+    pub fn new(options: RegistryOptions) -> Self {
+        let client = Client::new(ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(options.insecure.clone()),
+            ..Default::default()
+        });
+        Registry {
+            client: WasmClient::new(client),
+            options,
+        }
+    }
+
+    /// The raw client, for signatures.
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Credentials for `reference`'s registry: flags, then the docker config, then anonymous.
+    pub fn auth(&self, reference: &Reference) -> RegistryAuth {
+        if let (Some(u), Some(p)) = (&self.options.username, &self.options.password) {
+            return RegistryAuth::Basic(u.clone(), p.clone());
+        }
+        match docker_credential::get_credential(reference.resolve_registry()) {
+            Ok(docker_credential::DockerCredential::UsernamePassword(u, p)) => {
+                RegistryAuth::Basic(u, p)
+            }
+            _ => RegistryAuth::Anonymous,
+        }
+    }
+
+    /// Pushes a component file; returns the manifest digest.
+    pub async fn push(&self, file: &Path, reference: &str) -> Result<String, OciError> {
+        let r = parse_reference(reference)?;
+        let bytes = tokio::fs::read(file).await.map_err(|e| OciError::File {
+            path: file.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let (config, layer) =
+            WasmConfig::from_raw_component(bytes, None).map_err(|e| OciError::File {
+                path: file.to_path_buf(),
+                message: format!("not a wasm component: {e}"),
+            })?;
+        let response = self
+            .client
+            .push(&r, &self.auth(&r), layer, config, None)
+            .await
+            .map_err(|e| registry_error(reference, e))?;
+        // The manifest URL ends in the digest the registry stored it under.
+        Ok(response
+            .manifest_url
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// Pulls and checks a component: layout, layer digest, and the reference's pinned digest.
+    pub async fn pull(&self, reference: &str) -> Result<Pulled, OciError> {
+        let r = parse_reference(reference)?;
+        let auth = self.auth(&r);
+        let (manifest, config, manifest_digest) = self
+            .client
+            .pull_manifest_and_config(&r, &auth)
+            .await
+            .map_err(|e| classify(reference, e))?;
+        if let Some(pinned) = r.digest()
+            && pinned != manifest_digest
+        {
+            return Err(OciError::Digest {
+                reference: reference.into(),
+                expected: pinned.into(),
+                actual: manifest_digest,
+            });
+        }
+        let layer = &manifest.layers[0];
+        if layer.media_type != oci_wasm::WASM_LAYER_MEDIA_TYPE {
+            return Err(OciError::Layout {
+                reference: reference.into(),
+                message: format!("layer media type {:?}", layer.media_type),
+            });
+        }
+        let mut bytes = Vec::new();
+        self.client
+            .pull_blob(&r, layer, &mut bytes)
+            .await
+            .map_err(|e| classify(reference, e.into()))?;
+        let actual = sha256_digest(&bytes);
+        if actual != layer.digest {
+            return Err(OciError::Digest {
+                reference: reference.into(),
+                expected: layer.digest.clone(),
+                actual,
+            });
+        }
+        if !config.layer_digests.contains(&actual) {
+            return Err(OciError::Layout {
+                reference: reference.into(),
+                message: "the config's layerDigests do not list the layer".into(),
+            });
+        }
+        Ok(Pulled {
+            manifest_digest,
+            layer_digest: actual,
+            bytes,
+            config,
+        })
+    }
+}
+
+fn registry_error(reference: &str, e: impl std::fmt::Display) -> OciError {
+    OciError::Registry {
+        reference: reference.into(),
+        message: e.to_string(),
+    }
+}
+
+/// oci-client reports digest mismatches as errors of its own; keep them distinct from "down".
+fn classify(reference: &str, e: anyhow::Error) -> OciError {
+    // The top-level message only: the chain repeats it.
+    let message = e.to_string();
+    if message.contains("Digest error") || message.contains("Invalid digest") {
+        OciError::Tampered {
+            reference: reference.into(),
+            detail: message,
+        }
+    } else if message.contains("must have") {
+        OciError::Layout {
+            reference: reference.into(),
+            message,
+        }
+    } else {
+        OciError::Registry {
+            reference: reference.into(),
+            message,
+        }
+    }
+}
+
+/// What a component must look like to run in this host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Scanner,
+    Hooks,
+}
+
+const SCANNER_EXPORT: &str = "wdp:device-plugin/scanner@0.1.0";
+const HOOK_EXPORTS: [&str; 3] = [
+    "wdp:device-plugin/post-allocator@0.1.0",
+    "wdp:device-plugin/preferred-allocator@0.1.0",
+    "wdp:device-plugin/pre-starter@0.1.0",
+];
+
+/// Checks an artifact's declared world before anything is compiled: the exports its role needs,
+/// and imports only from WASI and this package.
+pub fn check_world(reference: &str, config: &WasmConfig, role: Role) -> Result<(), OciError> {
+    let fail = |message: String| OciError::World {
+        reference: reference.into(),
+        message,
+    };
+    let component = config
+        .component
+        .as_ref()
+        .ok_or_else(|| fail("the artifact config describes no component".into()))?;
+    let exports = &component.exports;
+    let ok = match role {
+        Role::Scanner => exports.iter().any(|e| e == SCANNER_EXPORT),
+        Role::Hooks => exports.iter().any(|e| HOOK_EXPORTS.contains(&e.as_str())),
+    };
+    if !ok {
+        let wanted = match role {
+            Role::Scanner => SCANNER_EXPORT.to_string(),
+            Role::Hooks => HOOK_EXPORTS.join(" or "),
+        };
+        return Err(fail(format!("it exports {exports:?}, not {wanted}")));
+    }
+    if let Some(bad) = component
+        .imports
+        .iter()
+        .find(|i| !i.starts_with("wasi:") && !i.starts_with("wdp:device-plugin/"))
+    {
+        return Err(fail(format!(
+            "it imports {bad}, which this host does not provide"
+        )));
+    }
+    Ok(())
+}
+
+/// How `wdp run` obtains `oci://` components.
+#[derive(Debug, Clone)]
+pub struct FetchPolicy {
+    pub require_digest: bool,
+    /// When set, a signature by this key is required.
+    pub key: Option<sign::PublicKey>,
+}
+
+/// Resolves `reference` to a checked local component file for `role`.
+///
+/// A tag is resolved to a digest once (and logged). When the registry cannot be reached, the
+/// cache serves what the reference last resolved to, if it was verified under the same key; a
+/// digest, layout, world or signature failure is never papered over by the cache.
+pub async fn fetch(
+    registry: &Registry,
+    cache: &Cache,
+    reference: &str,
+    role: Role,
+    policy: &FetchPolicy,
+) -> Result<PathBuf, OciError> {
+    let parsed = parse_reference(reference)?;
+    if policy.require_digest && parsed.digest().is_none() {
+        return Err(OciError::DigestRequired {
+            reference: reference.into(),
+        });
+    }
+    let key_fingerprint = policy.key.as_ref().map(|k| k.fingerprint.clone());
+    match registry.pull(reference).await {
+        Ok(pulled) => {
+            check_world(reference, &pulled.config, role)?;
+            if let Some(key) = &policy.key {
+                sign::verify(registry, reference, &pulled.manifest_digest, key).await?;
+            }
+            tracing::info!(
+                reference,
+                digest = %pulled.manifest_digest,
+                layer = %pulled.layer_digest,
+                signed = policy.key.is_some(),
+                "pulled component"
+            );
+            cache.store(reference, &pulled, key_fingerprint)
+        }
+        Err(OciError::Registry { message, .. }) => {
+            let cached = cache
+                .lookup(reference)
+                .filter(|c| key_fingerprint.is_none() || c.entry.verified_key == key_fingerprint)
+                .ok_or_else(|| OciError::Registry {
+                    reference: reference.into(),
+                    message: format!("{message} (and nothing usable is cached)"),
+                })?;
+            check_world(reference, &cached.config, role)?;
+            tracing::warn!(
+                reference,
+                digest = %cached.entry.manifest_digest,
+                error = %message,
+                "registry unreachable; using the cached component"
+            );
+            Ok(cached.path)
+        }
+        Err(e) => Err(e),
+    }
+}
