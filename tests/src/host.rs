@@ -38,6 +38,8 @@ impl Host {
             .arg(f.sys())
             .arg("--dev-root")
             .arg(f.dev())
+            .arg("--compile-cache")
+            .arg(f.path().join("compiled"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file)

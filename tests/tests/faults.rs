@@ -207,6 +207,8 @@ fn components_that_are_not_scanners_are_refused_at_start() {
         .unwrap();
         let out = wdp_tests::wdp(&[
             "run",
+            "--compile-cache",
+            &f.path().join("compiled").display().to_string(),
             "--config",
             &config.display().to_string(),
             "--plugin-dir",

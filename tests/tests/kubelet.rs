@@ -428,6 +428,8 @@ async fn bad_config_fails_before_anything_starts() {
     );
     let out = wdp_tests::wdp(&[
         "run",
+        "--compile-cache",
+        &f.path().join("compiled").display().to_string(),
         "--config",
         &config.display().to_string(),
         "--plugin-dir",
@@ -447,7 +449,13 @@ async fn bad_config_fails_before_anything_starts() {
             kvm = guest("kvm").display()
         ),
     );
-    let out = wdp_tests::wdp(&["run", "--config", &config.display().to_string()]);
+    let out = wdp_tests::wdp(&[
+        "run",
+        "--compile-cache",
+        &f.path().join("compiled").display().to_string(),
+        "--config",
+        &config.display().to_string(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scanner kvm: post-allocator"), "{err}");
     assert!(err.contains("exports no hook"), "{err}");

@@ -80,6 +80,8 @@ fn run_once(config: &Path, f: &Fixture) -> std::process::Output {
     // Anything that fails does so before serving: a short-lived run is enough to see it.
     wdp(&[
         "run",
+        "--compile-cache",
+        &f.path().join("compiled").display().to_string(),
         "--config",
         &config.display().to_string(),
         "--plugin-dir",

@@ -37,6 +37,7 @@ async fn hostile_probes_are_all_denied() {
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
     let sandbox = Sandbox::new(roots(&f)).unwrap();
+    let mut kvm = wdp_tests::healthy_kvm(&sandbox).await;
     let mut guest = run_guest(
         &sandbox,
         "hostile",
@@ -90,6 +91,9 @@ async fn hostile_probes_are_all_denied() {
         "original\n"
     );
     assert!(!f.sys().join("new-file").exists());
+    // Another scanner in the same host kept working throughout.
+    f.char_dev("kvm", 10, 232);
+    assert_eq!(ids(&kvm.next_tree().await, "kvm"), ["kvm-0"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

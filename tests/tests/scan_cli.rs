@@ -220,3 +220,68 @@ fn finds_this_machines_real_devices() {
         );
     }
 }
+
+/// The compiled-component cache: the second load is a hit; a tampered entry is rejected, rebuilt,
+/// and the scanner still runs.
+#[test]
+fn compiled_components_are_cached_and_checked() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let cache = f.path().join("compiled");
+    let run = || {
+        std::process::Command::new(wdp_tests::wdp_bin())
+            .args(["scan", "--once", "--env", "SLOTS=1", "--compile-cache"])
+            .arg(&cache)
+            .arg("--component")
+            .arg(guest("kvm"))
+            .arg("--sys-root")
+            .arg(f.sys())
+            .arg("--dev-root")
+            .arg(f.dev())
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("run wdp")
+    };
+    let logs = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            json_lines(&out.stdout)[0]["kvm"]["kvm-0"]["health"],
+            "Healthy"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let first = logs(&run());
+    assert!(
+        first.contains("component compiled") && first.contains("Miss"),
+        "{first}"
+    );
+    let second = logs(&run());
+    assert!(
+        second.contains("loaded from the compiled-component cache"),
+        "{second}"
+    );
+
+    let entries: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&entries[0], bytes).unwrap();
+    let third = logs(&run());
+    assert!(
+        third.contains("cache entry rejected; recompiling") && third.contains("checksum mismatch"),
+        "{third}"
+    );
+    let fourth = logs(&run());
+    assert!(
+        fourth.contains("loaded from the compiled-component cache"),
+        "{fourth}"
+    );
+}

@@ -16,6 +16,7 @@ use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 use crate::manager::{Claims, Manager};
 use crate::oci;
 use crate::policy::{self, Policy};
+use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{GuestSpec, Roots, Sandbox};
 use crate::scanner::{RestartPolicy, Scanner, supervise};
 use crate::server::Kubelet;
@@ -49,6 +50,10 @@ pub struct RunArgs {
     /// Host directory guests see as /dev (metadata only).
     #[arg(long, value_name = "DIR", default_value = "/dev")]
     dev_root: PathBuf,
+
+    /// Where compiled components are kept between runs (created 0700; must be the host's alone).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/wdp/compiled")]
+    compile_cache: PathBuf,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -57,10 +62,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    let sandbox = Sandbox::new(Roots {
-        sys: args.sys_root,
-        dev: args.dev_root,
-    })?;
+    let sandbox = Sandbox::with_compile_cache(
+        Roots {
+            sys: args.sys_root,
+            dev: args.dev_root,
+        },
+        Some(CompileCache::new(args.compile_cache)),
+    )?;
     let registry = oci::Registry::new(oci::RegistryOptions {
         insecure: config.oci.insecure_registries.clone(),
         username: std::env::var("WDP_REGISTRY_USERNAME").ok(),

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use tokio::sync::mpsc;
 
 use crate::policy::Policy;
+use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox};
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use crate::tree::DeviceTree;
@@ -62,6 +63,10 @@ pub struct ScanArgs {
     #[arg(long, value_name = "SIZE", default_value = "64Mi", value_parser = parse_size)]
     memory: u64,
 
+    /// Keep compiled components here between runs (default: compile every time).
+    #[arg(long, value_name = "DIR")]
+    compile_cache: Option<PathBuf>,
+
     /// Longest the guest may compute without calling the host.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     call_timeout: Duration,
@@ -91,10 +96,13 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| "scanner".into())
             .into(),
     };
-    let sandbox = Sandbox::new(Roots {
-        sys: args.sys_root.clone(),
-        dev: args.dev_root.clone(),
-    })?;
+    let sandbox = Sandbox::with_compile_cache(
+        Roots {
+            sys: args.sys_root.clone(),
+            dev: args.dev_root.clone(),
+        },
+        args.compile_cache.clone().map(CompileCache::new),
+    )?;
     let component = sandbox.load(&args.component).await?;
     let pre = component.scanner()?;
     let scanner = Scanner {

@@ -9,6 +9,7 @@
 //! - a memory cap, a CPU budget enforced with epoch interruption, and a deadline on hook calls.
 
 pub mod bindings;
+pub mod compile_cache;
 pub mod devfs;
 mod engine;
 mod limits;
@@ -137,6 +138,7 @@ pub enum SandboxError {
 /// The engine, the linker and the host resources all guests share.
 pub struct Sandbox {
     engine: Engine,
+    compile_cache: Option<compile_cache::CompileCache>,
     linker: Linker<GuestState>,
     roots: Roots,
     devfs: Arc<DevFs>,
@@ -144,8 +146,17 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// Builds the sandbox over `roots`. Must run inside a tokio runtime (change watching).
+    /// Builds the sandbox over `roots`, compiling every component afresh. Must run inside a tokio
+    /// runtime (change watching).
     pub fn new(roots: Roots) -> Result<Arc<Self>, SandboxError> {
+        Self::with_compile_cache(roots, None)
+    }
+
+    /// Like [`Sandbox::new`], keeping compiled components in `cache` across runs.
+    pub fn with_compile_cache(
+        roots: Roots,
+        cache: Option<compile_cache::CompileCache>,
+    ) -> Result<Arc<Self>, SandboxError> {
         let devfs = DevFs::open(&roots.dev).map_err(|source| SandboxError::DevRoot {
             path: roots.dev.clone(),
             source,
@@ -163,6 +174,7 @@ impl Sandbox {
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
         Ok(Arc::new(Sandbox {
             engine,
+            compile_cache: cache,
             linker,
             roots,
             devfs: Arc::new(devfs),
@@ -190,13 +202,26 @@ impl Sandbox {
                 source,
             })?;
         let engine = self.engine.clone();
-        let compiled = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
-            .await
-            .map_err(|e| SandboxError::Engine(wasmtime::format_err!("compile task failed: {e}")))?;
-        let component = compiled.map_err(|source| SandboxError::Compile {
+        let cache = self.compile_cache.clone();
+        let started = std::time::Instant::now();
+        let compiled = tokio::task::spawn_blocking(move || match cache {
+            Some(cache) => cache.load(&engine, &bytes),
+            None => Component::new(&engine, &bytes).map(|c| (c, compile_cache::CacheOutcome::Miss)),
+        })
+        .await
+        .map_err(|e| SandboxError::Engine(wasmtime::format_err!("compile task failed: {e}")))?;
+        let (component, outcome) = compiled.map_err(|source| SandboxError::Compile {
             path: path.to_path_buf(),
             source,
         })?;
+        let cached = outcome == compile_cache::CacheOutcome::Hit;
+        tracing::info!(
+            component = %path.display(),
+            elapsed = ?started.elapsed(),
+            cache = ?outcome,
+            "{}",
+            if cached { "component loaded from the compiled-component cache" } else { "component compiled" }
+        );
         let pre = self
             .linker
             .instantiate_pre(&component)

@@ -1,0 +1,175 @@
+//! An on-disk cache of compiled components.
+//!
+//! Compiling a component is the slowest thing the host does (milliseconds for a Rust guest, ten
+//! seconds or more for Python or JavaScript on two cores). The cache keeps wasmtime's compiled
+//! form keyed by the component's sha256 and the engine's compatibility hash (wasmtime version,
+//! compiler settings, CPU features), so a restart loads in milliseconds and any change of engine
+//! simply misses.
+//!
+//! An entry is `<sha256 of the payload><payload>`. It is trusted only after the checksum matches
+//! and wasmtime accepts it; a corrupt, truncated or stale entry is logged, removed and rebuilt.
+//! Loading compiled code is `unsafe` in wasmtime because it is executable code: the cache
+//! directory must be writable by the host alone (it is created 0700).
+
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// How a load went, for logs, metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Loaded from the cache.
+    Hit,
+    /// Not cached yet: compiled and stored.
+    Miss,
+    /// A bad entry was found, removed, and the component recompiled.
+    Rebuilt,
+}
+
+/// The cache directory.
+#[derive(Debug, Clone)]
+pub struct CompileCache {
+    dir: PathBuf,
+}
+
+/// Feeds `Hash` output into sha256, so the engine's compatibility hash is stable across runs.
+struct ShaHasher(Sha256);
+
+impl Hasher for ShaHasher {
+    fn finish(&self) -> u64 {
+        unreachable!("only the sha256 state is read")
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl CompileCache {
+    /// A cache in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        CompileCache { dir: dir.into() }
+    }
+
+    /// The entry for `component` bytes under `engine`.
+    pub fn entry_path(&self, engine: &Engine, component: &[u8]) -> PathBuf {
+        let mut h = ShaHasher(Sha256::new());
+        engine.precompile_compatibility_hash().hash(&mut h);
+        h.0.update(Sha256::digest(component));
+        self.dir.join(format!("{}.cwasm", hex(&h.0.finalize())))
+    }
+
+    /// The compiled component, from the cache or compiled now (and stored).
+    pub fn load(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+    ) -> wasmtime::Result<(Component, CacheOutcome)> {
+        let path = self.entry_path(engine, bytes);
+        let mut outcome = CacheOutcome::Miss;
+        if let Ok(entry) = std::fs::read(&path) {
+            match self.read_entry(engine, &entry) {
+                Ok(component) => return Ok((component, CacheOutcome::Hit)),
+                Err(reason) => {
+                    tracing::warn!(path = %path.display(), %reason, "compiled-component cache entry rejected; recompiling");
+                    let _ = std::fs::remove_file(&path);
+                    outcome = CacheOutcome::Rebuilt;
+                }
+            }
+        }
+        let component = Component::new(engine, bytes)?;
+        if let Err(e) = self.store(&path, &component.serialize()?) {
+            // A read-only or full disk costs speed, never correctness.
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the compiled-component cache");
+        }
+        Ok((component, outcome))
+    }
+
+    fn read_entry(&self, engine: &Engine, entry: &[u8]) -> Result<Component, String> {
+        if entry.len() < 32 {
+            return Err("truncated".into());
+        }
+        let (sum, payload) = entry.split_at(32);
+        if Sha256::digest(payload).as_slice() != sum {
+            return Err("checksum mismatch".into());
+        }
+        // SAFETY: the payload is what `Component::serialize` wrote into a directory only this
+        // host may write (0700), and its checksum matches; wasmtime itself refuses payloads from
+        // another version or configuration.
+        unsafe { Component::deserialize(engine, payload) }.map_err(|e| format!("{e}"))
+    }
+
+    fn store(&self, path: &Path, payload: &[u8]) -> std::io::Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&Sha256::digest(payload))?;
+        file.write_all(payload)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest component: no imports, no exports.
+    const EMPTY_COMPONENT: &[u8] = &[0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+
+    #[test]
+    fn miss_hit_and_rebuild() {
+        let engine = Engine::default();
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CompileCache::new(dir.path().join("c"));
+        assert_eq!(
+            cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
+            CacheOutcome::Miss
+        );
+        assert_eq!(
+            cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
+            CacheOutcome::Hit
+        );
+        let path = cache.entry_path(&engine, EMPTY_COMPONENT);
+        let mut entry = std::fs::read(&path).unwrap();
+        let last = entry.len() - 1;
+        entry[last] ^= 1;
+        std::fs::write(&path, &entry).unwrap();
+        assert_eq!(
+            cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
+            CacheOutcome::Rebuilt
+        );
+        assert_eq!(
+            cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
+            CacheOutcome::Hit
+        );
+        std::fs::write(&path, b"short").unwrap();
+        assert_eq!(
+            cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
+            CacheOutcome::Rebuilt
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("c"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+}
