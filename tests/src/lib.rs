@@ -59,6 +59,25 @@ pub fn wdp(args: &[&str]) -> Output {
         .expect("run wdp")
 }
 
+/// `wdp run --config <config>` over the fixture (plugin dir `<fixture>/plugins`, compile cache
+/// `<fixture>/compiled`), to completion: for runs that must fail before serving anything.
+pub fn wdp_run_to_exit(f: &fixture::Fixture, config: &std::path::Path) -> Output {
+    let arg = |p: std::path::PathBuf| p.display().to_string();
+    wdp(&[
+        "run",
+        "--config",
+        &arg(config.to_path_buf()),
+        "--plugin-dir",
+        &arg(f.path().join("plugins")),
+        "--compile-cache",
+        &arg(f.path().join("compiled")),
+        "--sys-root",
+        &arg(f.sys()),
+        "--dev-root",
+        &arg(f.dev()),
+    ])
+}
+
 /// Parses one JSON document per non-empty line of `stdout`.
 pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout)

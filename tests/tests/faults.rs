@@ -205,15 +205,7 @@ fn components_that_are_not_scanners_are_refused_at_start() {
             ),
         )
         .unwrap();
-        let out = wdp_tests::wdp(&[
-            "run",
-            "--compile-cache",
-            &f.path().join("compiled").display().to_string(),
-            "--config",
-            &config.display().to_string(),
-            "--plugin-dir",
-            &plugins.display().to_string(),
-        ]);
+        let out = wdp_tests::wdp_run_to_exit(&f, &config);
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("scanner odd") && err.contains(needle), "{err}");

@@ -426,15 +426,7 @@ async fn bad_config_fails_before_anything_starts() {
             guest("kvm").display()
         ),
     );
-    let out = wdp_tests::wdp(&[
-        "run",
-        "--compile-cache",
-        &f.path().join("compiled").display().to_string(),
-        "--config",
-        &config.display().to_string(),
-        "--plugin-dir",
-        &plugins.display().to_string(),
-    ]);
+    let out = wdp_tests::wdp_run_to_exit(&f, &config);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("wdp.yaml"), "{err}");
@@ -449,13 +441,7 @@ async fn bad_config_fails_before_anything_starts() {
             kvm = guest("kvm").display()
         ),
     );
-    let out = wdp_tests::wdp(&[
-        "run",
-        "--compile-cache",
-        &f.path().join("compiled").display().to_string(),
-        "--config",
-        &config.display().to_string(),
-    ]);
+    let out = wdp_tests::wdp_run_to_exit(&f, &config);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("scanner kvm: post-allocator"), "{err}");
     assert!(err.contains("exports no hook"), "{err}");

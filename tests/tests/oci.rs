@@ -8,7 +8,7 @@ use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{serve, sockets};
 use wdp_tests::registry::TestRegistry;
-use wdp_tests::{guest, wdp};
+use wdp_tests::{guest, wdp, wdp_run_to_exit};
 
 fn ok(out: std::process::Output) -> String {
     assert!(
@@ -74,23 +74,6 @@ fn config(f: &Fixture, registry: &TestRegistry, component: &str, extra: &str) ->
     )
     .unwrap();
     path
-}
-
-fn run_once(config: &Path, f: &Fixture) -> std::process::Output {
-    // Anything that fails does so before serving: a short-lived run is enough to see it.
-    wdp(&[
-        "run",
-        "--compile-cache",
-        &f.path().join("compiled").display().to_string(),
-        "--config",
-        &config.display().to_string(),
-        "--plugin-dir",
-        &f.path().join("plugins").display().to_string(),
-        "--sys-root",
-        &f.sys().display().to_string(),
-        "--dev-root",
-        &f.dev().display().to_string(),
-    ])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,7 +163,7 @@ fn tampered_wrong_digest_and_wrong_world_are_refused() {
     let tampered = format!("oci://{}/scanners/tampered:1", registry.addr);
     let err = failed(wdp(&["pull", &tampered, "--insecure", "-o", "/dev/null"]));
     assert!(err.contains("does not match its digest"), "{err}");
-    let err = failed(run_once(&config(&f, &registry, &tampered, ""), &f));
+    let err = failed(wdp_run_to_exit(&f, &config(&f, &registry, &tampered, "")));
     assert!(
         err.contains("scanner kvm") && err.contains("does not match its digest"),
         "{err}"
@@ -192,7 +175,7 @@ fn tampered_wrong_digest_and_wrong_world_are_refused() {
         registry.addr,
         "0".repeat(64)
     );
-    let err = failed(run_once(&config(&f, &registry, &wrong, ""), &f));
+    let err = failed(wdp_run_to_exit(&f, &config(&f, &registry, &wrong, "")));
     assert!(
         err.contains("scanner kvm") && err.contains(&"0".repeat(64)),
         "{err}"
@@ -201,7 +184,7 @@ fn tampered_wrong_digest_and_wrong_world_are_refused() {
     // A hook pushed where a scanner is expected: refused from its declared world, before compiling.
     push(&registry, &guest("test_hooks"), "scanners/hooks:1");
     let hooks = format!("oci://{}/scanners/hooks:1", registry.addr);
-    let err = failed(run_once(&config(&f, &registry, &hooks, ""), &f));
+    let err = failed(wdp_run_to_exit(&f, &config(&f, &registry, &hooks, "")));
     assert!(
         err.contains("world is not one this host runs")
             && err.contains("wdp:device-plugin/scanner@0.1.0"),
@@ -212,7 +195,7 @@ fn tampered_wrong_digest_and_wrong_world_are_refused() {
     let cfg = config(&f, &registry, &hooks, "");
     let text = std::fs::read_to_string(&cfg).unwrap() + "  require-digest: true\n";
     std::fs::write(&cfg, text).unwrap();
-    let err = failed(run_once(&cfg, &f));
+    let err = failed(wdp_run_to_exit(&f, &cfg));
     assert!(err.contains("has no digest"), "{err}");
     assert!(sockets(&f.path().join("plugins")).is_empty());
 }
@@ -230,7 +213,7 @@ async fn signatures_are_required_when_a_key_is_configured() {
 
     // Unsigned: refused, nothing runs.
     let cfg = config(&f, &registry, &reference, &verify);
-    let err = failed(run_once(&cfg, &f));
+    let err = failed(wdp_run_to_exit(&f, &cfg));
     assert!(
         err.contains("signature check failed") && err.contains("no signature"),
         "{err}"
@@ -248,7 +231,7 @@ async fn signatures_are_required_when_a_key_is_configured() {
     };
     let sig = sign(&other_private);
     assert!(sig.ends_with(".sig"), "{sig}");
-    let err = failed(run_once(&cfg, &f));
+    let err = failed(wdp_run_to_exit(&f, &cfg));
     assert!(
         err.contains("does not verify with the configured key"),
         "{err}"
