@@ -25,9 +25,10 @@ setup:
 guests: setup
 	$(GUEST_CARGO)
 
-## host: build the wdp binary (dev profile, with an optimised wasm compiler)
+## host: build the wdp binary and the test targets in one go (dev profile, with an optimised
+## wasm compiler): one feature resolution for both, so `make test` never compiles wasmtime twice
 host:
-	$(CARGO) build --locked -p wdp
+	$(CARGO) build --locked --workspace --all-targets
 
 build: guests host
 

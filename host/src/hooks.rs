@@ -160,6 +160,7 @@ impl Hooks {
             .store(&self.spec, None)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
         let deadline = self.spec.limits.call_timeout;
+        let _running = self.sandbox.clock().running();
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),
             Ok(Err(e)) => Err(HookError::Failed(describe(&e))),

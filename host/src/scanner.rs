@@ -109,6 +109,8 @@ async fn run_once(
     let mut store = sandbox
         .store(&scanner.spec, Some(events))
         .map_err(|e| e.to_string())?;
+    // From here until this function returns (or is cancelled) the guest may execute wasm.
+    let _running = sandbox.clock().running();
     let plugin = scanner
         .pre
         .instantiate_async(&mut store)

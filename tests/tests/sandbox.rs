@@ -227,6 +227,15 @@ async fn wait_for_change_wakes_on_hotplug_and_unplug() {
     )
     .await;
     assert!(kvm.next_tree().await.0.is_empty());
+    // The scanner now waits in the host: the epoch clock is parked, an idle host does not tick.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = sandbox.clock().ticks();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle_ticks = sandbox.clock().ticks() - before;
+    assert!(
+        idle_ticks <= 1,
+        "{idle_ticks} ticks while every guest waited"
+    );
     f.char_dev("net/tun", 10, 200);
     assert_eq!(ids(&kvm.next_tree().await, "tun"), ["tun-0"]);
     f.remove_dev("net/tun");

@@ -27,7 +27,7 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub use engine::TICK;
+pub use engine::{Clock, Running, TICK};
 pub use state::{CpuBudget, GuestState, Stopped};
 
 use self::devfs::DevFs;
@@ -138,6 +138,7 @@ pub enum SandboxError {
 /// The engine, the linker and the host resources all guests share.
 pub struct Sandbox {
     engine: Engine,
+    clock: Arc<Clock>,
     compile_cache: Option<compile_cache::CompileCache>,
     linker: Linker<GuestState>,
     roots: Roots,
@@ -165,7 +166,7 @@ impl Sandbox {
             path: roots.sys.clone(),
             source,
         })?;
-        let engine = engine::new_engine().map_err(SandboxError::Engine)?;
+        let (engine, clock) = engine::new_engine().map_err(SandboxError::Engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
         open_guard::install(&mut linker).map_err(SandboxError::Engine)?;
@@ -174,6 +175,7 @@ impl Sandbox {
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
         Ok(Arc::new(Sandbox {
             engine,
+            clock,
             compile_cache: cache,
             linker,
             roots,
@@ -185,6 +187,11 @@ impl Sandbox {
     /// The roots guests see.
     pub fn roots(&self) -> &Roots {
         &self.roots
+    }
+
+    /// The epoch clock: hold [`Clock::running`] while calling into a guest.
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.clock
     }
 
     /// The confined view of the dev root, for checking what guests return.
@@ -269,6 +276,7 @@ impl Sandbox {
             sink,
             cpu: CpuBudget::new(guest.limits.call_timeout),
             stderr,
+            clock: self.clock.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);

@@ -47,6 +47,8 @@ pub struct GuestState {
     pub(crate) sink: Option<mpsc::Sender<ScannerEvent>>,
     pub(crate) cpu: CpuBudget,
     pub(crate) stderr: super::output::GuestOutput,
+    /// Released while the guest waits in one of our imports, so an idle host stops ticking.
+    pub(crate) clock: Arc<super::Clock>,
 }
 
 impl GuestState {
@@ -119,6 +121,7 @@ impl types::Host for GuestState {}
 
 impl notifier::Host for GuestState {
     async fn notify(&mut self, tree: types::DeviceTree) -> wasmtime::Result<()> {
+        let _waiting = self.clock.waiting();
         self.cpu.check_in();
         let Some(sink) = &self.sink else {
             tracing::warn!(scanner = &*self.spec.name, "a hook called notify; ignored");
@@ -166,6 +169,7 @@ impl devfs::Host for GuestState {
         &mut self,
         path: String,
     ) -> wasmtime::Result<Result<Vec<devfs::Node>, String>> {
+        let _waiting = self.clock.waiting();
         self.cpu.check_in();
         Ok(self
             .devfs
@@ -175,6 +179,7 @@ impl devfs::Host for GuestState {
     }
 
     async fn stat(&mut self, path: String) -> wasmtime::Result<Result<devfs::Node, String>> {
+        let _waiting = self.clock.waiting();
         self.cpu.check_in();
         Ok(self
             .devfs
@@ -184,11 +189,13 @@ impl devfs::Host for GuestState {
     }
 
     async fn read_link(&mut self, path: String) -> wasmtime::Result<Result<String, String>> {
+        let _waiting = self.clock.waiting();
         self.cpu.check_in();
         Ok(self.devfs.read_link(&path).map_err(|e| e.to_string()))
     }
 
     async fn wait_for_change(&mut self, timeout_ms: u32) -> wasmtime::Result<bool> {
+        let _waiting = self.clock.waiting();
         self.cpu.check_in();
         let timeout = Duration::from_millis(timeout_ms.into());
         let changed = match tokio::time::timeout(timeout, self.changes.changed()).await {
