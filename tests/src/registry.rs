@@ -18,6 +18,15 @@ pub struct TestRegistry {
 impl TestRegistry {
     /// Starts a registry and waits until it answers `GET /v2/`.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts a registry that requires basic auth (`user`, and a bcrypt hash of the password).
+    pub fn start_with_auth(user: &str, bcrypt: &str) -> Self {
+        Self::start_with(Some((user, bcrypt)))
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Self {
         let bin = which("docker-registry").unwrap_or_else(|| {
             panic!("docker-registry is not installed: `make setup` installs it (Debian package docker-registry)")
         });
@@ -28,14 +37,19 @@ impl TestRegistry {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let config = storage.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp: {{addr: {addr}}}\n",
-                storage.path().join("data").display()
-            ),
-        )
-        .expect("registry config");
+        let mut yaml = format!(
+            "version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {}}}\n  delete: {{enabled: true}}\nhttp: {{addr: {addr}}}\n",
+            storage.path().join("data").display()
+        );
+        if let Some((user, hash)) = auth {
+            let htpasswd = storage.path().join("htpasswd");
+            std::fs::write(&htpasswd, format!("{user}:{hash}\n")).expect("htpasswd");
+            yaml += &format!(
+                "auth:\n  htpasswd: {{realm: wdp-test, path: {}}}\n",
+                htpasswd.display()
+            );
+        }
+        std::fs::write(&config, yaml).expect("registry config");
         let child = Command::new(bin)
             .arg("serve")
             .arg(&config)
@@ -68,7 +82,10 @@ impl TestRegistry {
         let mut reply = String::new();
         s.write_all(request.as_bytes()).is_ok()
             && s.read_to_string(&mut reply).is_ok()
-            && (reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200"))
+            // 401 is an answer too: the registry is up and wants credentials.
+            && ["200", "401"]
+                .iter()
+                .any(|code| reply.starts_with(&format!("HTTP/1.0 {code}")) || reply.starts_with(&format!("HTTP/1.1 {code}")))
     }
 
     /// The stored content of blob `digest` (`sha256:<hex>`), for tampering.

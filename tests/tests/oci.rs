@@ -246,3 +246,117 @@ async fn signatures_are_required_when_a_key_is_configured() {
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
+
+/// Credentials: from flags, from the environment, and from the docker config file.
+#[test]
+fn registry_credentials_from_flags_env_and_docker_config() {
+    // bcrypt (cost 4) of "s3cret"
+    let hash = "$2b$04$pXsOZ5fyLW1/c397/7qSmO//8M0SwQXdxjQiDrilxrPOmOiiYqxC6";
+    let registry = TestRegistry::start_with_auth("ci", hash);
+    let f = Fixture::new();
+    let reference = format!("{}/scanners/kvm:auth", registry.addr);
+    let kvm = guest("kvm").display().to_string();
+    let wdp_with = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(wdp_tests::wdp_bin());
+        cmd.args(args)
+            .env("RUST_LOG", "warn")
+            .env("DOCKER_CONFIG", f.path().join("no-docker-config"))
+            .env_remove("WDP_REGISTRY_USERNAME")
+            .env_remove("WDP_REGISTRY_PASSWORD");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run wdp")
+    };
+
+    // Anonymous: refused, and the message says so.
+    let err = failed(wdp_with(&["push", &kvm, &reference, "--insecure"], &[]));
+    assert!(err.contains("wants credentials"), "{err}");
+    let err = failed(wdp_with(
+        &[
+            "push",
+            &kvm,
+            &reference,
+            "--insecure",
+            "--username",
+            "ci",
+            "--password",
+            "wrong",
+        ],
+        &[],
+    ));
+    assert!(
+        err.contains(&reference) && err.contains("wants credentials"),
+        "{err}"
+    );
+
+    // Flags.
+    let digest = ok(wdp_with(
+        &[
+            "push",
+            &kvm,
+            &reference,
+            "--insecure",
+            "--username",
+            "ci",
+            "--password",
+            "s3cret",
+        ],
+        &[],
+    ));
+    assert!(digest.starts_with("sha256:"), "{digest}");
+
+    // Environment.
+    let out = f.path().join("env.wasm");
+    ok(wdp_with(
+        &[
+            "pull",
+            &reference,
+            "--insecure",
+            "-o",
+            &out.display().to_string(),
+        ],
+        &[
+            ("WDP_REGISTRY_USERNAME", "ci"),
+            ("WDP_REGISTRY_PASSWORD", "s3cret"),
+        ],
+    ));
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(guest("kvm")).unwrap()
+    );
+
+    // The docker config file ($DOCKER_CONFIG/config.json).
+    let docker = f.path().join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    use base64::Engine;
+    let token = base64::engine::general_purpose::STANDARD.encode("ci:s3cret");
+    std::fs::write(
+        docker.join("config.json"),
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "{token}"}}}}}}"#,
+            registry.addr
+        ),
+    )
+    .unwrap();
+    let out = f.path().join("docker.wasm");
+    let mut cmd = std::process::Command::new(wdp_tests::wdp_bin());
+    let result = cmd
+        .args([
+            "pull",
+            &reference,
+            "--insecure",
+            "-o",
+            &out.display().to_string(),
+        ])
+        .env("DOCKER_CONFIG", &docker)
+        .env_remove("WDP_REGISTRY_USERNAME")
+        .env_remove("WDP_REGISTRY_PASSWORD")
+        .output()
+        .unwrap();
+    ok(result);
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(guest("kvm")).unwrap()
+    );
+}

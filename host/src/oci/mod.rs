@@ -48,6 +48,10 @@ pub enum OciError {
     },
     #[error("{reference}: the registry could not be reached or refused: {message}")]
     Registry { reference: String, message: String },
+    #[error(
+        "{reference}: the registry wants credentials it did not get or did not accept (give --username/--password, WDP_REGISTRY_USERNAME/WDP_REGISTRY_PASSWORD, or log in so the docker config file has them): {message}"
+    )]
+    Unauthorized { reference: String, message: String },
     #[error("{reference}: not a wasm component artifact: {message}")]
     Layout { reference: String, message: String },
     #[error("{reference}: digest mismatch: expected {expected}, got {actual}")]
@@ -222,17 +226,22 @@ impl Registry {
 }
 
 fn registry_error(reference: &str, e: impl std::fmt::Display) -> OciError {
-    OciError::Registry {
-        reference: reference.into(),
-        message: e.to_string(),
-    }
+    classify_message(reference, e.to_string())
 }
 
 /// oci-client reports digest mismatches as errors of its own; keep them distinct from "down".
 fn classify(reference: &str, e: anyhow::Error) -> OciError {
     // The top-level message only: the chain repeats it.
-    let message = e.to_string();
-    if message.contains("Digest error") || message.contains("Invalid digest") {
+    classify_message(reference, e.to_string())
+}
+
+fn classify_message(reference: &str, message: String) -> OciError {
+    if message.contains("UNAUTHORIZED") || message.contains("code: 401") {
+        OciError::Unauthorized {
+            reference: reference.into(),
+            message,
+        }
+    } else if message.contains("Digest error") || message.contains("Invalid digest") {
         OciError::Tampered {
             reference: reference.into(),
             detail: message,
