@@ -221,6 +221,10 @@ async fn register_until_done(
     inode: Option<u64>,
 ) -> Registration {
     let resource = &service.resource;
+    let kubelet_name = kubelet
+        .socket
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
     let mut delay = Duration::from_millis(50);
     let mut warned = false;
     loop {
@@ -234,10 +238,6 @@ async fn register_until_done(
                 &resource.name,
                 service.options(),
             );
-            let kubelet_name = kubelet
-                .socket
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned());
             tokio::pin!(attempt);
             // A kubelet that never answers must not hold us: if kubelet.sock is recreated while
             // we wait, a new kubelet is there, and the attempt starts over at once.
@@ -250,7 +250,9 @@ async fn register_until_done(
                             tracing::warn!(resource = %resource.name, "kubelet restarted during registration; registering again");
                             break None;
                         }
-                        _ => {}
+                        // The directory watch is gone (the host is stopping): just finish.
+                        None => break Some((&mut attempt).await),
+                        Some(_) => {}
                     },
                 }
             };
@@ -270,10 +272,6 @@ async fn register_until_done(
             warned = true;
         }
         // Wait for kubelet.sock to (re)appear, with a backoff as a safety net.
-        let kubelet_name = kubelet
-            .socket
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned());
         let deadline = tokio::time::sleep(delay);
         tokio::pin!(deadline);
         loop {
