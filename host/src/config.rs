@@ -64,7 +64,7 @@ pub struct ScannerConfig {
     pub env: Vec<(String, String)>,
     pub post_allocator: Option<ComponentSource>,
     /// Public key an `oci://` component's signature must verify with.
-    pub verify_key: Option<PathBuf>,
+    pub verify_key: Option<crate::oci::sign::PublicKey>,
     pub limits: GuestLimits,
     pub policy: Policy,
 }
@@ -245,15 +245,11 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             .as_deref()
             .map(|p| source("post-allocator", p))
             .transpose()?;
-        let verify_key = match s.verify_key {
-            None => None,
-            Some(k) => {
-                let path = resolve(base, &k);
-                crate::oci::sign::PublicKey::from_file(&path)
-                    .map_err(|e| invalid(key("verify-key"), e.to_string()))?;
-                Some(path)
-            }
-        };
+        let verify_key = s
+            .verify_key
+            .map(|k| crate::oci::sign::PublicKey::from_file(&resolve(base, &k)))
+            .transpose()
+            .map_err(|e| invalid(key("verify-key"), e.to_string()))?;
         let mut env = Vec::with_capacity(s.env.len());
         for (k, v) in s.env {
             if !is_env_name(&k) {

@@ -78,7 +78,13 @@ impl Policy {
     ) -> Result<ContainerResponse, TreeError> {
         let mut bytes = 0usize;
         let owner = format!("the response for container {index}");
-        for s in response_strings(&response) {
+        for s in attached_strings(
+            &response.devices,
+            &response.mounts,
+            &response.envs,
+            &response.annotations,
+            &response.cdi_devices,
+        ) {
             self.check_string(&owner, s, &mut bytes)?;
         }
         let response = ContainerResponse::from_wit(index, response)?;
@@ -109,7 +115,10 @@ impl Policy {
             for d in &g.devices {
                 self.check_string("a device id", &d.id, &mut bytes)?;
                 let owner = format!("device {:?}", d.id);
-                for s in info_strings(&d.info) {
+                let i = &d.info;
+                for s in
+                    attached_strings(&i.nodes, &i.mounts, &i.envs, &i.annotations, &i.cdi_devices)
+                {
                     self.check_string(&owner, s, &mut bytes)?;
                 }
             }
@@ -165,45 +174,25 @@ fn check_node_exists(owner: &str, host_path: &str, dev: &DevFs) -> Result<(), Tr
         })
 }
 
-fn info_strings(info: &wit::DeviceInfo) -> impl Iterator<Item = &str> {
-    let nodes = info
-        .nodes
+/// Every string a device or a container response carries: the same fields in both.
+fn attached_strings<'a>(
+    nodes: &'a [wit::DeviceSpec],
+    mounts: &'a [wit::Mount],
+    envs: &'a [(String, String)],
+    annotations: &'a [(String, String)],
+    cdi_devices: &'a [String],
+) -> impl Iterator<Item = &'a str> {
+    let nodes = nodes
         .iter()
         .flat_map(|n| [&n.container_path, &n.host_path, &n.permissions]);
-    let mounts = info
-        .mounts
+    let mounts = mounts
         .iter()
         .flat_map(|m| [&m.container_path, &m.host_path]);
-    let pairs = info
-        .envs
-        .iter()
-        .chain(&info.annotations)
-        .flat_map(|(k, v)| [k, v]);
+    let pairs = envs.iter().chain(annotations).flat_map(|(k, v)| [k, v]);
     nodes
         .chain(mounts)
         .chain(pairs)
-        .chain(&info.cdi_devices)
-        .map(String::as_str)
-}
-
-fn response_strings(r: &wit::ContainerAllocateResponse) -> impl Iterator<Item = &str> {
-    let nodes = r
-        .devices
-        .iter()
-        .flat_map(|n| [&n.container_path, &n.host_path, &n.permissions]);
-    let mounts = r
-        .mounts
-        .iter()
-        .flat_map(|m| [&m.container_path, &m.host_path]);
-    let pairs = r
-        .envs
-        .iter()
-        .chain(&r.annotations)
-        .flat_map(|(k, v)| [k, v]);
-    nodes
-        .chain(mounts)
-        .chain(pairs)
-        .chain(&r.cdi_devices)
+        .chain(cdi_devices)
         .map(String::as_str)
 }
 

@@ -42,6 +42,13 @@ pub struct Kubelet {
     pub socket: PathBuf,
 }
 
+impl Kubelet {
+    /// True when `name`, a file in the plugin directory, is kubelet's registration socket.
+    fn is_socket(&self, name: &str) -> bool {
+        self.socket.file_name().is_some_and(|n| n == name)
+    }
+}
+
 /// A resource's names, derived once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resource {
@@ -221,10 +228,6 @@ async fn register_until_done(
     inode: Option<u64>,
 ) -> Registration {
     let resource = &service.resource;
-    let kubelet_name = kubelet
-        .socket
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned());
     let mut delay = Duration::from_millis(50);
     let mut warned = false;
     loop {
@@ -246,7 +249,7 @@ async fn register_until_done(
                     _ = cancel.cancelled() => return Registration::Stopped,
                     r = &mut attempt => break Some(r),
                     event = dir::next_event(events) => match event {
-                        Some(DirEvent::Created(name)) if Some(&name) == kubelet_name.as_ref() => {
+                        Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => {
                             tracing::warn!(resource = %resource.name, "kubelet restarted during registration; registering again");
                             break None;
                         }
@@ -279,7 +282,7 @@ async fn register_until_done(
                 _ = cancel.cancelled() => return Registration::Stopped,
                 _ = &mut deadline => break,
                 event = dir::next_event(events) => match event {
-                    Some(DirEvent::Created(name)) if Some(&name) == kubelet_name.as_ref() => break,
+                    Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => break,
                     Some(DirEvent::Overflow) | None => break,
                     Some(_) => {}
                 },
@@ -297,10 +300,6 @@ async fn wait_for_restart(
     events: &mut broadcast::Receiver<DirEvent>,
     inode: Option<u64>,
 ) -> Restart {
-    let kubelet_name = kubelet
-        .socket
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned());
     // Events queued before registration finished are history now.
     while events.try_recv().is_ok() {}
     loop {
@@ -312,7 +311,7 @@ async fn wait_for_restart(
             event = dir::next_event(events) => event,
         };
         match event {
-            Some(DirEvent::Created(name)) if Some(&name) == kubelet_name.as_ref() => {
+            Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => {
                 return Restart::Kubelet;
             }
             // A removal of our socket is re-checked by inode at the top of the loop.

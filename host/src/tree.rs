@@ -383,7 +383,7 @@ pub fn is_normal_absolute_path(path: &str) -> bool {
 }
 
 /// The name part of a Kubernetes extended resource name (kubelet's `IsQualifiedName`).
-fn is_dev_type(s: &str) -> bool {
+pub(crate) fn is_dev_type(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

@@ -123,6 +123,14 @@ const QAT_TREE: &str = r#"{"generic": {
     "0000:3d:01.2": {"health": "Unhealthy", "nodes": ["/dev/vfio/12"]}
 }}"#;
 
+/// The device nodes of [`QAT_TREE`]: they must exist in the dev root (the output policy).
+fn qat_nodes(f: &Fixture) {
+    f.char_dev("vfio/vfio", 10, 196)
+        .char_dev("vfio/10", 243, 0)
+        .char_dev("vfio/11", 243, 1)
+        .char_dev("vfio/12", 243, 2);
+}
+
 fn hook_scanner(name: &str, mode: &str, timeout: &str) -> String {
     format!(
         "  - name: {name}
@@ -141,11 +149,7 @@ fn hook_scanner(name: &str, mode: &str, timeout: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_allocate_hooks_rewrite_fail_and_time_out_cleanly() {
     let f = Fixture::new();
-    // Device nodes must exist in the dev root (the output policy).
-    f.char_dev("vfio/vfio", 10, 196)
-        .char_dev("vfio/10", 243, 0)
-        .char_dev("vfio/11", 243, 1)
-        .char_dev("vfio/12", 243, 2);
+    qat_nodes(&f);
     let config = write_config(
         &f,
         &format!(
@@ -303,11 +307,8 @@ async fn preferred_allocation_and_pre_start_are_served_when_exported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_violations_never_reach_kubelet() {
     let f = Fixture::new();
-    f.char_dev("null", 1, 3)
-        .char_dev("vfio/vfio", 10, 196)
-        .char_dev("vfio/10", 243, 0)
-        .char_dev("vfio/11", 243, 1)
-        .char_dev("vfio/12", 243, 2);
+    f.char_dev("null", 1, 3);
+    qat_nodes(&f);
     let config = write_config(
         &f,
         &format!(

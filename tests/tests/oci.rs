@@ -340,21 +340,17 @@ fn registry_credentials_from_flags_env_and_docker_config() {
     )
     .unwrap();
     let out = f.path().join("docker.wasm");
-    let mut cmd = std::process::Command::new(wdp_tests::wdp_bin());
-    let result = cmd
-        .args([
+    let docker = docker.display().to_string();
+    ok(wdp_with(
+        &[
             "pull",
             &reference,
             "--insecure",
             "-o",
             &out.display().to_string(),
-        ])
-        .env("DOCKER_CONFIG", &docker)
-        .env_remove("WDP_REGISTRY_USERNAME")
-        .env_remove("WDP_REGISTRY_PASSWORD")
-        .output()
-        .unwrap();
-    ok(result);
+        ],
+        &[("DOCKER_CONFIG", &docker)],
+    ));
     assert_eq!(
         std::fs::read(&out).unwrap(),
         std::fs::read(guest("kvm")).unwrap()

@@ -136,22 +136,8 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
             Some(pulled.manifest_digest),
         )
     };
-    let component = config.component.unwrap_or(oci_wasm::Component {
-        exports: Vec::new(),
-        imports: Vec::new(),
-        target: None,
-    });
-    let role = |r| {
-        let probe = WasmConfig {
-            component: Some(oci_wasm::Component {
-                exports: component.exports.clone(),
-                imports: component.imports.clone(),
-                target: None,
-            }),
-            ..empty_config()
-        };
-        oci::check_world(&args.target, &probe, r).is_ok()
-    };
+    let component = config.component;
+    let role = |r| oci::check_world(&args.target, component.as_ref(), r).is_ok();
     let world = match (role(oci::Role::Scanner), role(oci::Role::Hooks)) {
         (true, true) => "scanner and hooks (runs as a scanner and as a post-allocator)",
         (true, false) => "scanner",
@@ -164,12 +150,16 @@ pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
     }
     println!("digest:   {digest}");
     println!("size:     {size} bytes");
+    let (exports, imports) = component
+        .as_ref()
+        .map(|c| (c.exports.as_slice(), c.imports.as_slice()))
+        .unwrap_or_default();
     println!("exports:");
-    for e in &component.exports {
+    for e in exports {
         println!("  {e}");
     }
     println!("imports:");
-    for i in &component.imports {
+    for i in imports {
         println!("  {i}");
     }
     Ok(ExitCode::SUCCESS)
@@ -181,15 +171,4 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<ExitCode> {
     let signature = oci::sign::sign(&registry, &args.reference, &key).await?;
     println!("{signature}");
     Ok(ExitCode::SUCCESS)
-}
-
-fn empty_config() -> WasmConfig {
-    WasmConfig {
-        created: Default::default(),
-        author: None,
-        architecture: oci_wasm::WASM_ARCHITECTURE.into(),
-        os: oci_wasm::COMPONENT_OS.into(),
-        layer_digests: Vec::new(),
-        component: None,
-    }
 }

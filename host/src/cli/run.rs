@@ -96,15 +96,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }),
             ..GuestSpec::new(&s.name, s.env.clone())
         };
-        let key = s
-            .verify_key
-            .as_deref()
-            .map(oci::sign::PublicKey::from_file)
-            .transpose()
-            .with_context(|| format!("scanner {}", s.name))?;
         let fetch = oci::FetchPolicy {
             require_digest: config.oci.require_digest,
-            key,
+            key: s.verify_key.clone(),
         };
         let path = resolve(&registry, &cache, &s.component, oci::Role::Scanner, &fetch)
             .await

@@ -273,15 +273,9 @@ fn is_extended_resource_name(name: &str) -> bool {
     let Some((prefix, rest)) = name.split_once('/') else {
         return false;
     };
-    let b = rest.as_bytes();
     !prefix.is_empty()
         && prefix.len() <= 253
         && !name.contains("kubernetes.io/")
         && !name.starts_with("requests.")
-        && !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && crate::tree::is_dev_type(rest)
 }

@@ -162,7 +162,7 @@ impl Registry {
             .client
             .push(&r, &self.auth(&r), layer, config, None)
             .await
-            .map_err(|e| registry_error(reference, e))?;
+            .map_err(|e| classify(reference, e))?;
         // The manifest URL ends in the digest the registry stored it under.
         Ok(response
             .manifest_url
@@ -201,7 +201,7 @@ impl Registry {
         self.client
             .pull_blob(&r, layer, &mut bytes)
             .await
-            .map_err(|e| classify(reference, e.into()))?;
+            .map_err(|e| classify(reference, e))?;
         let actual = sha256_digest(&bytes);
         if actual != layer.digest {
             return Err(OciError::Digest {
@@ -225,17 +225,11 @@ impl Registry {
     }
 }
 
-fn registry_error(reference: &str, e: impl std::fmt::Display) -> OciError {
-    classify_message(reference, e.to_string())
-}
-
-/// oci-client reports digest mismatches as errors of its own; keep them distinct from "down".
-fn classify(reference: &str, e: anyhow::Error) -> OciError {
-    // The top-level message only: the chain repeats it.
-    classify_message(reference, e.to_string())
-}
-
-fn classify_message(reference: &str, message: String) -> OciError {
+/// Sorts a registry client's error: missing credentials, a digest mismatch (oci-client reports
+/// those as errors of its own), a bad layout, or "down". Only the top-level message is kept: the
+/// error chain repeats it.
+fn classify(reference: &str, e: impl std::fmt::Display) -> OciError {
+    let message = e.to_string();
     if message.contains("UNAUTHORIZED") || message.contains("code: 401") {
         OciError::Unauthorized {
             reference: reference.into(),
@@ -275,15 +269,17 @@ const HOOK_EXPORTS: [&str; 3] = [
 
 /// Checks an artifact's declared world before anything is compiled: the exports its role needs,
 /// and imports only from WASI and this package.
-pub fn check_world(reference: &str, config: &WasmConfig, role: Role) -> Result<(), OciError> {
+pub fn check_world(
+    reference: &str,
+    component: Option<&oci_wasm::Component>,
+    role: Role,
+) -> Result<(), OciError> {
     let fail = |message: String| OciError::World {
         reference: reference.into(),
         message,
     };
-    let component = config
-        .component
-        .as_ref()
-        .ok_or_else(|| fail("the artifact config describes no component".into()))?;
+    let component =
+        component.ok_or_else(|| fail("the artifact config describes no component".into()))?;
     let exports = &component.exports;
     let ok = match role {
         Role::Scanner => exports.iter().any(|e| e == SCANNER_EXPORT),
@@ -337,7 +333,7 @@ pub async fn fetch(
     let key_fingerprint = policy.key.as_ref().map(|k| k.fingerprint.clone());
     match registry.pull(reference).await {
         Ok(pulled) => {
-            check_world(reference, &pulled.config, role)?;
+            check_world(reference, pulled.config.component.as_ref(), role)?;
             if let Some(key) = &policy.key {
                 sign::verify(registry, reference, &pulled.manifest_digest, key).await?;
             }
@@ -358,7 +354,7 @@ pub async fn fetch(
                     reference: reference.into(),
                     message: format!("{message} (and nothing usable is cached)"),
                 })?;
-            check_world(reference, &cached.config, role)?;
+            check_world(reference, cached.config.component.as_ref(), role)?;
             tracing::warn!(
                 reference,
                 digest = %cached.entry.manifest_digest,

@@ -30,7 +30,7 @@ pub const PAYLOAD_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 
 /// A public key to verify with, and its fingerprint (recorded in the cache).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublicKey {
     key: VerifyingKey,
     /// `sha256:` of the PEM text.
