@@ -104,6 +104,70 @@ impl Fixture {
     }
 }
 
+/// Where fixture PCI functions live: `sys/devices/pci0000:00/<bdf>` (one root bus is enough for
+/// the links scanners follow; their relative targets are the kernel's).
+pub const PCI_ROOT: &str = "devices/pci0000:00";
+
+impl Fixture {
+    /// A PCI function `bdf` with attributes `attrs` (e.g. `("vendor", "0x8086")`), listed in
+    /// `bus/pci/devices/<bdf>` by the relative link real sysfs has. Returns its directory
+    /// relative to the sys root, for adding children (`drm/card0`, `virtfn0`, ...).
+    pub fn pci_device(&self, bdf: &str, attrs: &[(&str, &str)]) -> String {
+        let dir = format!("{PCI_ROOT}/{bdf}");
+        self.sys_dir(&dir);
+        for (k, v) in attrs {
+            self.sys_file(&format!("{dir}/{k}"), &format!("{v}\n"));
+        }
+        self.sys_dir("bus/pci/devices");
+        self.sys_link(
+            &format!("bus/pci/devices/{bdf}"),
+            &format!("../../../{dir}"),
+        );
+        dir
+    }
+
+    /// Binds the PCI function `bdf` to `driver`: `<dev>/driver -> bus/pci/drivers/<driver>` and
+    /// `bus/pci/drivers/<driver>/<bdf> -> <dev>`, replacing an earlier binding.
+    pub fn pci_bind(&self, bdf: &str, driver: &str) -> &Self {
+        self.pci_unbind(bdf);
+        let dir = format!("{PCI_ROOT}/{bdf}");
+        self.sys_dir(&format!("bus/pci/drivers/{driver}"));
+        self.sys_link(
+            &format!("{dir}/driver"),
+            &format!("../../../bus/pci/drivers/{driver}"),
+        );
+        self.sys_link(
+            &format!("bus/pci/drivers/{driver}/{bdf}"),
+            &format!("../../../../{dir}"),
+        );
+        self
+    }
+
+    /// Unbinds the PCI function `bdf` from its driver, if any.
+    pub fn pci_unbind(&self, bdf: &str) -> &Self {
+        let link = self.sys().join(format!("{PCI_ROOT}/{bdf}/driver"));
+        if let Ok(target) = fs::read_link(&link) {
+            if let Some(driver) = target.file_name() {
+                let back = self.sys().join("bus/pci/drivers").join(driver).join(bdf);
+                let _ = fs::remove_file(back);
+            }
+            fs::remove_file(&link).expect("remove driver link");
+        }
+        self
+    }
+
+    /// Puts the PCI function `bdf` in IOMMU group `group`: `<dev>/iommu_group ->
+    /// kernel/iommu_groups/<group>` and `kernel/iommu_groups/<group>/devices/<bdf> -> <dev>`.
+    pub fn pci_iommu_group(&self, bdf: &str, group: &str) -> &Self {
+        let dir = format!("{PCI_ROOT}/{bdf}");
+        let g = format!("kernel/iommu_groups/{group}");
+        self.sys_dir(&format!("{g}/devices"));
+        self.sys_link(&format!("{dir}/iommu_group"), &format!("../../../{g}"));
+        self.sys_link(&format!("{g}/devices/{bdf}"), &format!("../../../../{dir}"));
+        self
+    }
+}
+
 /// `mknod` a character device, creating parents.
 pub fn mknod_char(path: &Path, major: u32, minor: u32) {
     if let Some(parent) = path.parent() {

@@ -7,6 +7,8 @@
 //!
 //! * [`sysfs`]: read attributes, symlink names and class directories under `/sys` (std::fs);
 //! * [`devfs`]: list, stat and glob `/dev` through the host's metadata-only `devfs` interface;
+//! * [`pci`]: PCI addresses, ids, bound drivers and IOMMU groups;
+//! * [`health`]: devices that vanish are reported Unhealthy until they come back;
 //! * [`tree`]: build [`DeviceInfo`] values and a [`DeviceTree`];
 //! * [`scan`]: the scan loop ([`run`]): scan, notify when the tree changed, wait for a change;
 //! * [`config`] and [`json`]: read configuration from environment variables, with error messages
@@ -51,8 +53,10 @@
 
 pub mod config;
 pub mod devfs;
+pub mod health;
 pub mod json;
 pub mod pathglob;
+pub mod pci;
 pub mod scan;
 pub mod sysfs;
 pub mod tree;

@@ -25,6 +25,65 @@ pub fn read_link_name(path: impl AsRef<Path>) -> Option<String> {
     Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
+/// The most symlinks [`resolve`] follows before giving up (Linux's own limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// The canonical path of `path` under /sys, following every symlink on the way (`realpath`);
+/// None when a component is missing or a link leaves /sys.
+///
+/// Why: Intel's plugins identify devices by resolved sysfs paths (the PCI address of a DRM
+/// card, a VF's physical function, an IOMMU group's number), and `std::fs::canonicalize` is not
+/// available to a WASI guest. sysfs links are relative, so resolving them lexically, one
+/// component at a time, gives the same answer as the kernel.
+pub fn resolve(path: impl AsRef<Path>) -> Option<String> {
+    let resolved = walk(path.as_ref().to_str()?)?;
+    (resolved == "/sys" || resolved.starts_with("/sys/")).then_some(resolved)
+}
+
+/// `realpath` by reading one link at a time; None for a missing component or a link loop.
+fn walk(path: &str) -> Option<String> {
+    let mut pending: Vec<String> = path.split('/').rev().map(str::to_string).collect();
+    let mut done: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(part) = pending.pop() {
+        match part.as_str() {
+            "" | "." => continue,
+            ".." => {
+                done.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let here = if done.is_empty() {
+            format!("/{part}")
+        } else {
+            format!("/{}/{part}", done.join("/"))
+        };
+        let md = fs::symlink_metadata(&here).ok()?;
+        if !md.file_type().is_symlink() {
+            done.push(part);
+            continue;
+        }
+        hops += 1;
+        if hops > MAX_LINK_HOPS {
+            return None;
+        }
+        let target = fs::read_link(&here).ok()?;
+        let target = target.to_str()?;
+        if target.starts_with('/') {
+            done.clear();
+        }
+        pending.extend(target.split('/').rev().map(str::to_string));
+    }
+    Some(format!("/{}", done.join("/")))
+}
+
+/// The last component of [`resolve`]`(path)`: e.g. the IOMMU group number behind
+/// `<pci device>/iommu_group`, or the BDF of a VF's physical function behind `<vf>/physfn`.
+pub fn resolve_name(path: impl AsRef<Path>) -> Option<String> {
+    resolve(path)?.rsplit('/').next().map(str::to_string)
+}
+
 /// The names in a directory, sorted; empty when it is missing or unreadable.
 pub fn list_dir(path: impl AsRef<Path>) -> Vec<String> {
     let Ok(rd) = fs::read_dir(path) else {
@@ -118,6 +177,38 @@ mod tests {
         let m = pathglob::glob_with(&StdFs, &pattern).unwrap();
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].node.kind, NodeKind::File);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn resolve_follows_relative_links_like_realpath() {
+        let dir = std::env::temp_dir().join(format!("wdp-resolve-test-{}", std::process::id()));
+        let dev = dir.join("devices/pci0000:00/0000:00:02.0");
+        fs::create_dir_all(dev.join("drm/card0")).unwrap();
+        fs::create_dir_all(dir.join("class/drm")).unwrap();
+        fs::create_dir_all(dir.join("kernel/iommu_groups/7")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../devices/pci0000:00/0000:00:02.0/drm/card0",
+            dir.join("class/drm/card0"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../../../kernel/iommu_groups/7", dev.join("iommu_group"))
+            .unwrap();
+        std::os::unix::fs::symlink("loop", dir.join("loop")).unwrap();
+        let base = dir.display().to_string();
+        let walk = |rel: &str| walk(&format!("{base}/{rel}"));
+        assert_eq!(
+            walk("class/drm/card0/.."),
+            Some(format!("{base}/devices/pci0000:00/0000:00:02.0/drm"))
+        );
+        assert_eq!(
+            walk("class/drm/card0/../../iommu_group"),
+            Some(format!("{base}/kernel/iommu_groups/7"))
+        );
+        assert_eq!(walk("class/drm/card1"), None, "a missing component");
+        assert_eq!(walk("loop"), None, "a link loop ends");
+        // The same walk, with the rule that the answer must be under /sys.
+        assert_eq!(resolve(format!("{base}/class/drm/card0")), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 

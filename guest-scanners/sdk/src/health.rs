@@ -1,0 +1,108 @@
+//! Devices that vanish become Unhealthy instead of disappearing.
+//!
+//! Why: when a device's node disappears or its driver is unbound, kubelet should see the device
+//! go Unhealthy (it stops allocating it, and the pod that holds it can be told) rather than see
+//! the capacity silently shrink; and when the device comes back it should be the same device,
+//! Healthy again. A scanner only sees what is there now, so the memory of what was there lives
+//! here, for the life of the guest instance.
+
+use std::collections::BTreeMap;
+
+use crate::types::{DeviceTree, Health};
+use crate::{Device, DeviceGroup, DeviceInfo};
+
+/// Remembers every device a scanner has reported, keyed by (device type, id).
+#[derive(Debug, Default, Clone)]
+pub struct Vanished {
+    seen: BTreeMap<(String, String), DeviceInfo>,
+}
+
+impl Vanished {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `tree` plus every device reported before but missing now, with its last description and
+    /// health Unhealthy, appended to its group (the group is recreated if it went away).
+    pub fn mark(&mut self, mut tree: DeviceTree) -> DeviceTree {
+        let mut present = std::collections::BTreeSet::new();
+        for group in &tree {
+            for d in &group.devices {
+                present.insert((group.dev_type.clone(), d.id.clone()));
+                self.seen
+                    .insert((group.dev_type.clone(), d.id.clone()), d.info.clone());
+            }
+        }
+        for ((dev_type, id), info) in &self.seen {
+            if present.contains(&(dev_type.clone(), id.clone())) {
+                continue;
+            }
+            let group = match tree.iter().position(|g| &g.dev_type == dev_type) {
+                Some(i) => &mut tree[i],
+                None => {
+                    tree.push(DeviceGroup {
+                        dev_type: dev_type.clone(),
+                        devices: Vec::new(),
+                    });
+                    let last = tree.len() - 1;
+                    &mut tree[last]
+                }
+            };
+            group.devices.push(Device {
+                id: id.clone(),
+                info: DeviceInfo {
+                    health: Health::Unhealthy,
+                    ..info.clone()
+                },
+            });
+        }
+        tree
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TreeBuilder;
+
+    fn tree(devs: &[(&str, &str)]) -> DeviceTree {
+        let mut t = TreeBuilder::new();
+        for (ty, id) in devs {
+            t.add(ty, *id, DeviceInfo::new().node("/dev/x", "/dev/x", "rw"));
+        }
+        t.build()
+    }
+
+    fn health(t: &DeviceTree) -> Vec<String> {
+        t.iter()
+            .flat_map(|g| {
+                g.devices
+                    .iter()
+                    .map(|d| format!("{}/{} {:?}", g.dev_type, d.id, d.info.health))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn vanished_devices_turn_unhealthy_and_recover() {
+        let mut v = Vanished::new();
+        let all = tree(&[("a", "1"), ("a", "2"), ("b", "x")]);
+        let first = v.mark(all.clone());
+        assert_eq!(first, all, "nothing vanished yet");
+        let second = v.mark(tree(&[("a", "2")]));
+        assert_eq!(
+            health(&second),
+            [
+                "a/2 Health::Healthy",
+                "a/1 Health::Unhealthy",
+                "b/x Health::Unhealthy"
+            ]
+        );
+        assert_eq!(
+            second[0].devices[1].info.nodes.len(),
+            1,
+            "last description kept"
+        );
+        assert_eq!(v.mark(all.clone()), all, "back to Healthy, in scan order");
+    }
+}
