@@ -85,6 +85,7 @@ impl Drop for Host {
 pub struct Seen {
     rx: mpsc::UnboundedReceiver<Observed>,
     latest: HashMap<String, Vec<String>>,
+    health: HashMap<String, HashMap<String, String>>,
     ended: HashSet<String>,
 }
 
@@ -94,6 +95,7 @@ impl Seen {
         Seen {
             rx,
             latest: HashMap::new(),
+            health: HashMap::new(),
             ended: HashSet::new(),
         }
     }
@@ -101,6 +103,8 @@ impl Seen {
     fn record(&mut self, ev: Observed) {
         match ev {
             Observed::Devices { resource, devices } => {
+                let health = devices.iter().map(|d| (d.id.clone(), d.health.clone()));
+                self.health.insert(resource.clone(), health.collect());
                 let mut ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
                 ids.sort();
                 self.ended.remove(&resource);
@@ -136,6 +140,19 @@ impl Seen {
         let what = format!("{resource} with devices {ids:?}");
         self.until(&what, |s| s.latest.get(resource) == Some(&want))
             .await;
+    }
+
+    /// Waits until kubelet's latest list for `resource` has device `id` with `health`
+    /// ("Healthy" or "Unhealthy").
+    pub async fn health(&mut self, resource: &str, id: &str, health: &str) {
+        let what = format!("{resource} device {id} {health}");
+        self.until(&what, |s| {
+            s.health
+                .get(resource)
+                .and_then(|h| h.get(id))
+                .is_some_and(|h| h == health)
+        })
+        .await;
     }
 
     /// Waits until `resource`'s stream has ended.

@@ -1,0 +1,104 @@
+//! What every catalogue test does: run `wdp scan --once` over a fixture, write a `wdp run`
+//! config, make the plugin directory.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use wdp_tests::fixture::Fixture;
+use wdp_tests::{guest, json_lines, wdp};
+
+/// The one tree `wdp scan --once` prints for scanner `name` over `f` with `env` (`KEY=VALUE`);
+/// fails the test, with the scanner's stderr, when the scan fails.
+pub fn scan_once(name: &str, f: &Fixture, env: &[&str]) -> Value {
+    let out = scan(name, f, env);
+    assert!(
+        out.status.success(),
+        "wdp scan {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut trees = json_lines(&out.stdout);
+    assert_eq!(trees.len(), 1, "--once prints one tree");
+    trees.remove(0)
+}
+
+/// `wdp scan --once` of scanner `name` over `f` with `env`, for runs expected to fail.
+pub fn scan(name: &str, f: &Fixture, env: &[&str]) -> std::process::Output {
+    let component = guest(name).display().to_string();
+    let (sys, dev) = (f.sys().display().to_string(), f.dev().display().to_string());
+    let mut args = vec![
+        "scan",
+        "--component",
+        &component,
+        "--sys-root",
+        &sys,
+        "--dev-root",
+        &dev,
+        "--once",
+    ];
+    for e in env {
+        args.extend(["--env", e]);
+    }
+    wdp(&args)
+}
+
+/// The device ids of each type in a `wdp scan` JSON tree, sorted: `{"i915": ["card0-0"]}`.
+pub fn ids(tree: &Value) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = tree
+        .as_object()
+        .map(|types| {
+            types
+                .iter()
+                .map(|(t, devs)| {
+                    let mut ids: Vec<String> = devs
+                        .as_object()
+                        .map(|d| d.keys().cloned().collect())
+                        .unwrap_or_default();
+                    ids.sort();
+                    (t.clone(), ids)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Writes `yaml` as the fixture's `wdp run` config and returns its path.
+pub fn write_config(f: &Fixture, yaml: &str) -> PathBuf {
+    let path = f.path().join("wdp.yaml");
+    std::fs::write(&path, yaml).expect("write config");
+    path
+}
+
+/// A config with one scanner `name` (its component is the guest of the same name) serving
+/// `namespace`, with `env` as YAML flow-map entries (e.g. `"SHARED_DEV_NUM: 2"`), and the same
+/// component as its post-allocator when `post_allocator`.
+pub fn one_scanner_config(
+    f: &Fixture,
+    name: &str,
+    namespace: &str,
+    env: &[&str],
+    post_allocator: bool,
+) -> PathBuf {
+    let component = guest(name);
+    let hook = if post_allocator {
+        format!("    post-allocator: {}\n", component.display())
+    } else {
+        String::new()
+    };
+    write_config(
+        f,
+        &format!(
+            "scanners:\n  - name: {name}\n    component: {}\n    namespace: {namespace}\n    env: {{ {} }}\n{hook}",
+            component.display(),
+            env.join(", ")
+        ),
+    )
+}
+
+/// The plugin directory the kubelet stand-in and `wdp run` share (`<fixture>/plugins`).
+pub fn plugin_dir(f: &Fixture) -> PathBuf {
+    let dir = f.path().join("plugins");
+    std::fs::create_dir_all(&dir).expect("mkdir plugins");
+    dir
+}

@@ -1,0 +1,1 @@
+//! `dlb` scanner: being written.

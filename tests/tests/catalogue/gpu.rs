@@ -1,0 +1,1 @@
+//! `gpu` scanner: being written.

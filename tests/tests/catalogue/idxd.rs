@@ -1,0 +1,1 @@
+//! `idxd` scanner: being written.

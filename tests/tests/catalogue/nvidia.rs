@@ -1,0 +1,1 @@
+//! `nvidia` scanner: being written.

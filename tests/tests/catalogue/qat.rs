@@ -1,0 +1,1 @@
+//! `qat` scanner: being written.

@@ -1,0 +1,1 @@
+//! `serial` scanner: being written.

@@ -1,0 +1,1 @@
+//! `sgx` scanner: being written.

@@ -1,0 +1,1 @@
+//! `usb` scanner: being written.

@@ -1,0 +1,1 @@
+//! `vfio` scanner: being written.
