@@ -10,6 +10,7 @@
 //!     limits: { memory: 64Mi, call-timeout: 5s }
 //!     policy: { allowed-mounts: [/run/udev] } # optional; see `crate::policy::Policy`
 //!     verify-key: cosign.pub             # optional: oci:// components must carry a signature
+//!     cdi: { dir: /var/run/cdi, format: json } # optional: write CDI specs, return CDI names
 //! oci:                                   # optional; for oci://registry/repo[:tag][@digest]
 //!   cache-dir: /var/lib/wdp/oci
 //!   insecure-registries: [127.0.0.1:5000]
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::cdi::{CdiConfig, CdiFormat};
 use crate::policy::Policy;
 use crate::sandbox::GuestLimits;
 use crate::tree::{is_dns_subdomain, is_env_name, is_normal_absolute_path};
@@ -67,6 +69,8 @@ pub struct ScannerConfig {
     pub verify_key: Option<crate::oci::sign::PublicKey>,
     pub limits: GuestLimits,
     pub policy: Policy,
+    /// Write CDI spec files for its devices (see [`crate::cdi`]); None: no CDI.
+    pub cdi: Option<CdiConfig>,
 }
 
 /// A configuration that cannot be used.
@@ -119,6 +123,14 @@ struct RawScanner {
     limits: RawLimits,
     #[serde(default)]
     policy: RawPolicy,
+    cdi: Option<RawCdi>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawCdi {
+    dir: Option<PathBuf>,
+    format: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -313,6 +325,26 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                 0,
             )?;
         }
+        let cdi = match s.cdi {
+            None => None,
+            Some(raw) => {
+                let format = match raw.format.as_deref() {
+                    None | Some("json") => CdiFormat::Json,
+                    Some("yaml") => CdiFormat::Yaml,
+                    Some(other) => {
+                        return Err(invalid(
+                            key("cdi.format"),
+                            format!("{other:?} is not a CDI spec format: use json or yaml"),
+                        ));
+                    }
+                };
+                let dir = raw.dir.map(|d| resolve(base, &d));
+                Some(CdiConfig {
+                    dir: dir.unwrap_or_else(|| crate::cdi::DEFAULT_CDI_DIR.into()),
+                    format,
+                })
+            }
+        };
         scanners.push(ScannerConfig {
             name: s.name,
             component,
@@ -322,6 +354,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             verify_key,
             limits,
             policy,
+            cdi,
         });
     }
     let oci = OciConfig {
@@ -389,6 +422,19 @@ mod tests {
         );
         assert_eq!(s.policy.allowed_mounts, ["/run/udev"]);
         assert_eq!((s.policy.max_types, s.policy.max_tree_bytes), (3, 1 << 20));
+        assert_eq!(s.cdi, None, "CDI is off unless asked for");
+    }
+
+    #[test]
+    fn cdi_defaults_and_dir() {
+        let c = with_files(
+            "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, cdi: {}}\n  - {name: b, component: kvm.wasm, namespace: y.io, cdi: {dir: specs, format: yaml}}\n",
+        )
+        .unwrap();
+        assert_eq!(c.scanners[0].cdi, Some(CdiConfig::default()));
+        let b = c.scanners[1].cdi.as_ref().unwrap();
+        assert!(b.dir.is_absolute() && b.dir.ends_with("specs"));
+        assert_eq!(b.format, CdiFormat::Yaml);
     }
 
     #[test]
@@ -450,6 +496,10 @@ mod tests {
             (
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, policy: {max-types: 0}}",
                 "scanners[0].policy.max-types: must be more than zero",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, cdi: {format: toml}}",
+                "scanners[0].cdi.format: \"toml\" is not a CDI spec format: use json or yaml",
             ),
         ];
         for (yaml, needle) in cases {

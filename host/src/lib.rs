@@ -5,6 +5,7 @@
 //! it ([`tree`]) and serves it to kubelet.
 
 pub mod allocate;
+pub mod cdi;
 pub mod cli;
 pub mod config;
 #[cfg(test)]
@@ -18,5 +19,6 @@ pub mod policy;
 pub mod sandbox;
 pub mod scanner;
 pub mod server;
+pub mod topology;
 pub mod tree;
 pub mod units;

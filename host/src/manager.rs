@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+use crate::cdi::{CdiConfig, CdiWriter};
 use crate::hooks::Hooks;
 use crate::scanner::ScannerEvent;
 use crate::server::{Kubelet, Resource, ResourceServer};
@@ -85,6 +86,8 @@ pub struct Manager {
     kubelet: Arc<Kubelet>,
     hooks: Option<Arc<Hooks>>,
     claims: Arc<Claims>,
+    /// Spec files for the container runtime, when the scanner has `cdi:`.
+    cdi: Option<CdiWriter>,
     /// The last tree applied (types refused for a name clash are left out).
     current: DeviceTree,
     servers: BTreeMap<String, ResourceServer>,
@@ -105,9 +108,16 @@ impl Manager {
             kubelet,
             hooks,
             claims,
+            cdi: None,
             current: DeviceTree::default(),
             servers: BTreeMap::new(),
         }
+    }
+
+    /// Keeps CDI spec files for this scanner's resources and serves their CDI names.
+    pub fn with_cdi(mut self, config: CdiConfig) -> Self {
+        self.cdi = Some(CdiWriter::new(config, &self.namespace));
+        self
     }
 
     /// Applies events until the scanner's channel closes, then stops every server.
@@ -130,8 +140,17 @@ impl Manager {
         self.servers.keys().cloned().collect()
     }
 
-    /// Brings the servers in line with `tree`. Never waits.
+    /// Brings the servers in line with `tree`. Never waits. CDI specs are written first, so no
+    /// device is served before the spec that describes it exists.
     pub fn apply(&mut self, tree: &DeviceTree) -> TreeDiff {
+        let with_cdi;
+        let tree = match &mut self.cdi {
+            Some(cdi) => {
+                with_cdi = cdi.sync(tree);
+                &with_cdi
+            }
+            None => tree,
+        };
         let d = diff(&self.current, tree);
         for dev_type in &d.removed {
             self.current.0.remove(dev_type);
@@ -197,6 +216,9 @@ impl Manager {
         for (_, server) in servers {
             self.claims.release(&server.resource().name, &self.scanner);
             server.stop().await;
+        }
+        if let Some(cdi) = &mut self.cdi {
+            cdi.remove_all();
         }
         self.current = DeviceTree::default();
     }

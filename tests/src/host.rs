@@ -86,6 +86,7 @@ pub struct Seen {
     rx: mpsc::UnboundedReceiver<Observed>,
     latest: HashMap<String, Vec<String>>,
     health: HashMap<String, HashMap<String, String>>,
+    numa: HashMap<String, HashMap<String, Vec<i64>>>,
     ended: HashSet<String>,
 }
 
@@ -96,6 +97,7 @@ impl Seen {
             rx,
             latest: HashMap::new(),
             health: HashMap::new(),
+            numa: HashMap::new(),
             ended: HashSet::new(),
         }
     }
@@ -105,6 +107,11 @@ impl Seen {
             Observed::Devices { resource, devices } => {
                 let health = devices.iter().map(|d| (d.id.clone(), d.health.clone()));
                 self.health.insert(resource.clone(), health.collect());
+                let numa = devices.iter().map(|d| {
+                    let nodes = d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id));
+                    (d.id.clone(), nodes.into_iter().flatten().collect())
+                });
+                self.numa.insert(resource.clone(), numa.collect());
                 let mut ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
                 ids.sort();
                 self.ended.remove(&resource);
@@ -153,6 +160,11 @@ impl Seen {
                 .is_some_and(|h| h == health)
         })
         .await;
+    }
+
+    /// The NUMA nodes kubelet was last told for device `id` of `resource` (empty: no topology).
+    pub fn numa(&self, resource: &str, id: &str) -> Option<Vec<i64>> {
+        self.numa.get(resource)?.get(id).cloned()
     }
 
     /// Waits until `resource`'s stream has ended.

@@ -125,7 +125,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 Some(Arc::new(hooks))
             }
         };
-        ready.push((Scanner { spec, pre }, s.namespace.clone(), hooks));
+        ready.push((
+            Scanner { spec, pre },
+            s.namespace.clone(),
+            hooks,
+            s.cdi.clone(),
+        ));
     }
 
     let kubelet_socket = args
@@ -145,15 +150,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
     let mut supervisors = Vec::new();
     let mut managers = Vec::new();
-    for (scanner, namespace, hooks) in ready {
+    for (scanner, namespace, hooks, cdi) in ready {
         let (tx, rx) = mpsc::channel(16);
-        let manager = Manager::new(
+        let mut manager = Manager::new(
             scanner.spec.name.clone(),
             namespace,
             kubelet.clone(),
             hooks,
             claims.clone(),
         );
+        if let Some(cdi) = cdi {
+            manager = manager.with_cdi(cdi);
+        }
         managers.push(tokio::spawn(manager.run(rx)));
         supervisors.push(tokio::spawn(supervise(
             sandbox.clone(),

@@ -120,6 +120,16 @@ impl DevFs {
         Ok(node(name, &meta))
     }
 
+    /// Describes what `path` names after following symlinks, which must stay inside the dev
+    /// root: the host's own question when it looks up a node's `major:minor` (NUMA affinity),
+    /// never a guest's.
+    pub fn stat_following(&self, path: &str) -> Result<Node, DevfsError> {
+        let rel = guest_to_relative(path)?;
+        let meta = self.root.metadata(&rel).map_err(|e| map_io(path, e))?;
+        let name = path.rsplit('/').next().unwrap_or_default().to_string();
+        Ok(node(name, &meta))
+    }
+
     /// The stored target of a symlink. It is only text: following it is the guest's business and
     /// goes through these same checks.
     pub fn read_link(&self, path: &str) -> Result<String, DevfsError> {

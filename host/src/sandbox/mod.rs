@@ -35,6 +35,7 @@ use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
+use crate::topology::Topology;
 
 /// Per-guest resource limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +144,7 @@ pub struct Sandbox {
     linker: Linker<GuestState>,
     roots: Roots,
     devfs: Arc<DevFs>,
+    topology: Arc<Topology>,
     changes: ChangeWatcher,
 }
 
@@ -173,6 +175,7 @@ impl Sandbox {
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
+        let topology = Arc::new(Topology::new(&roots.sys));
         Ok(Arc::new(Sandbox {
             engine,
             clock,
@@ -180,6 +183,7 @@ impl Sandbox {
             linker,
             roots,
             devfs: Arc::new(devfs),
+            topology,
             changes,
         }))
     }
@@ -272,6 +276,7 @@ impl Sandbox {
             table: Default::default(),
             limits,
             devfs: self.devfs.clone(),
+            topology: self.topology.clone(),
             changes: self.changes.subscribe(),
             sink,
             cpu: CpuBudget::new(guest.limits.call_timeout),

@@ -42,6 +42,8 @@ pub struct GuestState {
     pub(crate) table: ResourceTable,
     pub(crate) limits: super::limits::GuestLimiter,
     pub(crate) devfs: Arc<DevFs>,
+    /// Fills in NUMA affinity the guest did not give.
+    pub(crate) topology: Arc<crate::topology::Topology>,
     pub(crate) changes: watch::Receiver<u64>,
     /// Where trees go; `None` for hook instances, which have no business notifying.
     pub(crate) sink: Option<mpsc::Sender<ScannerEvent>>,
@@ -129,7 +131,8 @@ impl notifier::Host for GuestState {
         };
         let metrics = &self.spec.metrics;
         let notified = match self.spec.policy.check_tree(tree, &self.devfs) {
-            Ok(tree) => {
+            Ok(mut tree) => {
+                self.topology.fill(&mut tree, &self.devfs);
                 ScannerMetrics::bump(&metrics.trees_accepted);
                 ScannerEvent::Tree(Arc::new(tree))
             }

@@ -1,0 +1,451 @@
+//! CDI spec files for a scanner's devices, and the CDI names Allocate returns for them.
+//!
+//! With the Container Device Interface the container runtime, not kubelet, applies a device's
+//! nodes, mounts and environment, from a spec file it finds in a well-known directory
+//! (`/var/run/cdi`); the plugin only names the device in its Allocate answer
+//! (`cdi_devices`, KEP-4009). When a scanner's config has `cdi:`, its manager keeps one spec file
+//! per resource in that directory, in step with the tree: written before kubelet can see a new
+//! or changed device, removed when the device type goes away or the host stops. Files are written
+//! to a temporary name and renamed, so a runtime never reads half a spec.
+//!
+//! Kind `<namespace>/<dev-type>` (one kind per resource, e.g. `gpu.intel.com/i915`), one CDI
+//! device per device id (`gpu.intel.com/i915=card0-0`), CDI spec version 0.6.0 (the first with
+//! per-device annotations). A device id that is not a valid CDI device name is served without a
+//! CDI name (logged once per tree); its default Allocate answer still carries everything.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, is_cdi_name};
+
+/// Where container runtimes look for specs unless configured otherwise.
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
+/// The CDI spec version written.
+pub const CDI_VERSION: &str = "0.6.0";
+
+/// How spec files are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CdiFormat {
+    #[default]
+    Json,
+    Yaml,
+}
+
+impl CdiFormat {
+    fn extension(self) -> &'static str {
+        match self {
+            CdiFormat::Json => "json",
+            CdiFormat::Yaml => "yaml",
+        }
+    }
+}
+
+/// A scanner's `cdi:` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdiConfig {
+    pub dir: PathBuf,
+    pub format: CdiFormat,
+}
+
+impl Default for CdiConfig {
+    fn default() -> Self {
+        CdiConfig {
+            dir: DEFAULT_CDI_DIR.into(),
+            format: CdiFormat::Json,
+        }
+    }
+}
+
+/// Why a spec file could not be written or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error(
+        "CDI kind {kind:?} is not valid (the dev-type must start with a letter and hold only letters, digits, '-' and '_')"
+    )]
+    Kind { kind: String },
+    #[error("cannot write CDI spec {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot encode CDI spec {path}: {message}")]
+    Encode { path: PathBuf, message: String },
+}
+
+/// The spec files of one scanner's resources.
+#[derive(Debug)]
+pub struct CdiWriter {
+    config: CdiConfig,
+    namespace: String,
+    /// Per dev-type: the group last synced, and its spec file (None: the group had no device
+    /// with a CDI name, so there is no file).
+    written: BTreeMap<String, (DeviceGroup, Option<PathBuf>)>,
+}
+
+impl CdiWriter {
+    /// Spec files for the resources of `namespace`, in `config.dir`.
+    pub fn new(config: CdiConfig, namespace: &str) -> Self {
+        CdiWriter {
+            config,
+            namespace: namespace.to_string(),
+            written: BTreeMap::new(),
+        }
+    }
+
+    /// The spec file of `dev_type`.
+    pub fn path(&self, dev_type: &str) -> PathBuf {
+        self.config.dir.join(format!(
+            "wdp-{}-{dev_type}.{}",
+            self.namespace,
+            self.config.format.extension()
+        ))
+    }
+
+    /// Brings the spec files in line with `tree` (writes changed and new types, removes gone
+    /// ones) and returns the tree to serve: `tree` with each device's CDI name added where its
+    /// type's spec is on disk.
+    pub fn sync(&mut self, tree: &DeviceTree) -> DeviceTree {
+        let gone: Vec<String> = self
+            .written
+            .keys()
+            .filter(|t| !tree.0.contains_key(*t))
+            .cloned()
+            .collect();
+        for dev_type in gone {
+            if let Some((_, Some(path))) = self.written.remove(&dev_type) {
+                remove(&path);
+            }
+        }
+        let mut served = tree.clone();
+        for (dev_type, group) in &mut served.0 {
+            let kind = format!("{}/{dev_type}", self.namespace);
+            let current = self.written.get(dev_type).map(|(g, _)| g);
+            if current != Some(&tree.0[dev_type]) {
+                match self.write(dev_type, &kind, &tree.0[dev_type]) {
+                    Ok(path) => {
+                        self.written
+                            .insert(dev_type.clone(), (tree.0[dev_type].clone(), path));
+                    }
+                    Err(e) => {
+                        // Served without CDI names: the default answer still carries the nodes.
+                        tracing::error!(namespace = %self.namespace, dev_type, error = %e, "CDI spec not written");
+                        if let Some((_, Some(path))) = self.written.remove(dev_type) {
+                            remove(&path);
+                        }
+                        continue;
+                    }
+                }
+            }
+            for (id, info) in group.iter_mut() {
+                let name = format!("{kind}={id}");
+                if is_cdi_name(&name) && !info.cdi_devices.contains(&name) {
+                    info.cdi_devices.push(name);
+                }
+            }
+        }
+        served
+    }
+
+    /// Removes every spec file written (the host is stopping or the scanner went away).
+    pub fn remove_all(&mut self) {
+        for (_, (_, path)) in std::mem::take(&mut self.written) {
+            if let Some(path) = path {
+                remove(&path);
+            }
+        }
+    }
+
+    /// Writes the spec of one group; a group without a device to describe has no file.
+    fn write(
+        &self,
+        dev_type: &str,
+        kind: &str,
+        group: &DeviceGroup,
+    ) -> Result<Option<PathBuf>, CdiError> {
+        if !is_cdi_name(&format!("{kind}=x")) {
+            return Err(CdiError::Kind { kind: kind.into() });
+        }
+        let spec = Spec::new(kind, group);
+        let skipped = group.len() - spec.devices.len();
+        if skipped > 0 {
+            tracing::warn!(
+                kind,
+                skipped,
+                "device ids that are not CDI device names get no CDI name"
+            );
+        }
+        let path = self.path(dev_type);
+        if spec.devices.is_empty() {
+            remove(&path);
+            return Ok(None);
+        }
+        let bytes = match self.config.format {
+            CdiFormat::Json => serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string()),
+            CdiFormat::Yaml => serde_yaml_ng::to_string(&spec)
+                .map(String::into_bytes)
+                .map_err(|e| e.to_string()),
+        }
+        .map_err(|message| CdiError::Encode {
+            path: path.clone(),
+            message,
+        })?;
+        write_atomic(&path, &bytes).map_err(|source| CdiError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Some(path))
+    }
+}
+
+impl Drop for CdiWriter {
+    fn drop(&mut self) {
+        self.remove_all();
+    }
+}
+
+fn remove(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove CDI spec"),
+    }
+}
+
+/// Writes `bytes` to a temporary file next to `path`, syncs it, makes it world-readable (the
+/// runtime may not run as root) and renames it over `path`.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".wdp-cdi-")
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// A CDI spec (container-device-interface `specs-go`), only the fields wdp writes.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    cdi_version: &'static str,
+    kind: String,
+    devices: Vec<SpecDevice>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecDevice {
+    name: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<String, String>,
+    container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerEdits {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_nodes: Vec<DeviceNode>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<SpecMount>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceNode {
+    path: String,
+    host_path: String,
+    permissions: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecMount {
+    host_path: String,
+    container_path: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    options: Vec<&'static str>,
+}
+
+impl Spec {
+    fn new(kind: &str, group: &DeviceGroup) -> Self {
+        let devices = group
+            .iter()
+            .filter(|(id, _)| is_cdi_name(&format!("{kind}={id}")))
+            .map(|(id, info)| SpecDevice::new(id, info))
+            .collect();
+        Spec {
+            cdi_version: CDI_VERSION,
+            kind: kind.to_string(),
+            devices,
+        }
+    }
+}
+
+impl SpecDevice {
+    fn new(id: &str, info: &DeviceInfo) -> Self {
+        SpecDevice {
+            name: id.to_string(),
+            annotations: info.annotations.clone(),
+            container_edits: ContainerEdits {
+                env: info.envs.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                device_nodes: info
+                    .nodes
+                    .iter()
+                    .map(|n| DeviceNode {
+                        path: n.container_path.clone(),
+                        host_path: n.host_path.clone(),
+                        permissions: n.permissions.clone(),
+                    })
+                    .collect(),
+                mounts: info
+                    .mounts
+                    .iter()
+                    .map(|m| SpecMount {
+                        host_path: m.host_path.clone(),
+                        container_path: m.container_path.clone(),
+                        kind: "none",
+                        options: vec!["bind", if m.read_only { "ro" } else { "rw" }],
+                    })
+                    .collect(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{DeviceSpec, Mount};
+
+    fn group(ids: &[&str]) -> DeviceGroup {
+        ids.iter()
+            .map(|id| {
+                let info = DeviceInfo {
+                    nodes: vec![DeviceSpec {
+                        container_path: format!("/dev/dri/{id}"),
+                        host_path: format!("/dev/dri/{id}"),
+                        permissions: "rw".into(),
+                    }],
+                    mounts: vec![Mount {
+                        container_path: "/dev/dri/by-path".into(),
+                        host_path: "/dev/dri/by-path".into(),
+                        read_only: true,
+                    }],
+                    envs: BTreeMap::from([("A".to_string(), "1".to_string())]),
+                    ..DeviceInfo::default()
+                };
+                (id.to_string(), info)
+            })
+            .collect()
+    }
+
+    fn writer(dir: &Path, format: CdiFormat) -> CdiWriter {
+        CdiWriter::new(
+            CdiConfig {
+                dir: dir.join("cdi"),
+                format,
+            },
+            "gpu.example.com",
+        )
+    }
+
+    #[test]
+    fn specs_follow_the_tree_and_names_are_served() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path(), CdiFormat::Json);
+        let mut tree = DeviceTree::default();
+        tree.0.insert("i915".into(), group(&["card0", "card1"]));
+        tree.0.insert("9bad".into(), group(&["x"]));
+        let served = w.sync(&tree);
+        assert_eq!(
+            served.0["i915"]["card1"].cdi_devices,
+            ["gpu.example.com/i915=card1"]
+        );
+        assert!(served.0["9bad"]["x"].cdi_devices.is_empty(), "invalid kind");
+        assert!(!w.path("9bad").exists());
+
+        let path = w.path("i915");
+        assert_eq!(path, tmp.path().join("cdi/wdp-gpu.example.com-i915.json"));
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(
+            spec,
+            serde_json::json!({
+                "cdiVersion": "0.6.0",
+                "kind": "gpu.example.com/i915",
+                "devices": [
+                    {"name": "card0", "containerEdits": {
+                        "env": ["A=1"],
+                        "deviceNodes": [{"path": "/dev/dri/card0", "hostPath": "/dev/dri/card0", "permissions": "rw"}],
+                        "mounts": [{"hostPath": "/dev/dri/by-path", "containerPath": "/dev/dri/by-path", "type": "none", "options": ["bind", "ro"]}]}},
+                    {"name": "card1", "containerEdits": {
+                        "env": ["A=1"],
+                        "deviceNodes": [{"path": "/dev/dri/card1", "hostPath": "/dev/dri/card1", "permissions": "rw"}],
+                        "mounts": [{"hostPath": "/dev/dri/by-path", "containerPath": "/dev/dri/by-path", "type": "none", "options": ["bind", "ro"]}]}}
+                ]
+            })
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+
+        // A changed group is rewritten; a removed one deleted; nothing else is left in the dir.
+        tree.0.insert("i915".into(), group(&["card0"]));
+        w.sync(&tree);
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(spec["devices"].as_array().unwrap().len(), 1);
+        tree.0.insert("i915".into(), group(&[]));
+        w.sync(&tree);
+        assert!(!path.exists(), "no devices, no spec");
+        tree.0.insert("i915".into(), group(&["card0"]));
+        w.sync(&tree);
+        assert!(path.exists());
+        tree.0.remove("i915");
+        w.sync(&tree);
+        assert!(!path.exists());
+        let left: Vec<_> = std::fs::read_dir(tmp.path().join("cdi")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn yaml_and_removal_on_drop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path(), CdiFormat::Yaml);
+        let mut tree = DeviceTree::default();
+        tree.0.insert("acc".into(), group(&["a:0", "/dev/bad"]));
+        let served = w.sync(&tree);
+        assert!(served.0["acc"]["/dev/bad"].cdi_devices.is_empty());
+        let path = w.path("acc");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let spec: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+        assert_eq!(spec["kind"], "gpu.example.com/acc");
+        assert_eq!(spec["devices"][0]["name"], "a:0");
+        assert_eq!(spec["devices"].as_array().unwrap().len(), 1);
+        drop(w);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn an_unwritable_dir_serves_without_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("cdi"), "a file, not a dir").unwrap();
+        let mut w = writer(tmp.path(), CdiFormat::Json);
+        let mut tree = DeviceTree::default();
+        tree.0.insert("i915".into(), group(&["card0"]));
+        let served = w.sync(&tree);
+        assert!(served.0["i915"]["card0"].cdi_devices.is_empty());
+    }
+}

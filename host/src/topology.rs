@@ -1,0 +1,293 @@
+//! NUMA affinity of device nodes, derived from sysfs the way Intel's framework does it.
+//!
+//! kubelet's Topology Manager can only align a device with the CPUs and memory of a pod if the
+//! plugin says which NUMA node the device hangs off. Guests rarely know (and should not have to
+//! walk sysfs for it), so where a device's `numa-nodes` is none the host derives it from the
+//! device's nodes: `stat` the node in the dev root for its `major:minor`, resolve
+//! `<sys>/dev/{char,block}/MAJ:MIN` into `<sys>/devices/...`, and walk up from there to the first
+//! directory with a `numa_node` or `local_cpulist` hint (Intel's `pkg/topology`). A VFIO group
+//! node stands for the PCI functions of its IOMMU group, so those are asked instead.
+//!
+//! Intel's rules are kept: one node whose affinity cannot be read (missing, not a device node, a
+//! virtual device with major 0) leaves the whole device without topology; `numa_node` -1 means
+//! "no affinity"; a NUMA value with no CPUs here or in the parent is a socket number, not a NUMA
+//! node, and is dropped. Only the first hint-bearing directory counts.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use crate::sandbox::devfs::{DevFs, NodeKind};
+use crate::tree::DeviceTree;
+
+/// Reads NUMA affinity below one sys root.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    /// The sys root, canonical, so resolved paths can be compared with it.
+    sys: PathBuf,
+}
+
+/// Why a node has no readable affinity; any one of these leaves the device without topology.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    #[error("{path}: {cause}")]
+    Node { path: String, cause: String },
+    #[error("{path} is not a character or block device")]
+    NotADevice { path: String },
+    #[error("{path} is a virtual device node (major 0)")]
+    Virtual { path: String },
+    #[error("{link}: {cause}")]
+    Sysfs { link: PathBuf, cause: String },
+    #[error("{file}: {value:?} is not a NUMA node id")]
+    BadNumaNode { file: PathBuf, value: String },
+}
+
+impl Topology {
+    /// Affinity read from `sys_root` (normally `/sys`).
+    pub fn new(sys_root: &Path) -> Self {
+        let sys = std::fs::canonicalize(sys_root).unwrap_or_else(|_| sys_root.to_path_buf());
+        Topology { sys }
+    }
+
+    /// Sets `numa_nodes` on every device that has none and at least one node whose affinity is
+    /// known. Lookups are shared within one call: a node many devices share (a KubeVirt-style
+    /// slot device) is resolved once.
+    pub fn fill(&self, tree: &mut DeviceTree, dev: &DevFs) {
+        let mut known: HashMap<String, Result<BTreeSet<u32>, TopologyError>> = HashMap::new();
+        for info in tree.0.values_mut().flat_map(|g| g.values_mut()) {
+            if info.numa_nodes.is_some() || info.nodes.is_empty() {
+                continue;
+            }
+            let mut numa = BTreeSet::new();
+            let mut complete = true;
+            for node in &info.nodes {
+                let found = known
+                    .entry(node.host_path.clone())
+                    .or_insert_with(|| self.node_numa(&node.host_path, dev));
+                match found {
+                    Ok(ids) => numa.extend(ids.iter().copied()),
+                    Err(_) => complete = false,
+                }
+            }
+            if complete && !numa.is_empty() {
+                info.numa_nodes = Some(numa.into_iter().collect());
+            }
+        }
+        for (path, result) in &known {
+            if let Err(e) = result {
+                tracing::debug!(node = %path, error = %e, "no NUMA affinity for this node");
+            }
+        }
+    }
+
+    /// The NUMA nodes of one device node (guest path under /dev); empty when sysfs gives no hint.
+    pub fn node_numa(&self, path: &str, dev: &DevFs) -> Result<BTreeSet<u32>, TopologyError> {
+        let node = dev.stat_following(path).map_err(|e| TopologyError::Node {
+            path: path.into(),
+            cause: e.to_string(),
+        })?;
+        let class = match node.kind {
+            NodeKind::CharDevice => "char",
+            NodeKind::BlockDevice => "block",
+            _ => return Err(TopologyError::NotADevice { path: path.into() }),
+        };
+        if node.major == 0 {
+            return Err(TopologyError::Virtual { path: path.into() });
+        }
+        let link = self
+            .sys
+            .join(format!("dev/{class}/{}:{}", node.major, node.minor));
+        let device = std::fs::canonicalize(&link).map_err(|e| TopologyError::Sysfs {
+            link: link.clone(),
+            cause: e.to_string(),
+        })?;
+        // A VFIO group node is a virtual device; its affinity is that of the group's functions.
+        let vfio = self.sys.join("devices/virtual/vfio");
+        if device.parent() == Some(vfio.as_path()) {
+            let group = device.file_name().unwrap_or_default();
+            let members = self
+                .sys
+                .join("kernel/iommu_groups")
+                .join(group)
+                .join("devices");
+            let mut numa = BTreeSet::new();
+            for entry in std::fs::read_dir(&members).into_iter().flatten().flatten() {
+                if let Ok(function) = std::fs::canonicalize(entry.path()) {
+                    numa.extend(self.walk_up(&function)?);
+                }
+            }
+            return Ok(numa);
+        }
+        self.walk_up(&device)
+    }
+
+    /// The first hint from `dir` upwards, staying inside `<sys>/devices`.
+    fn walk_up(&self, dir: &Path) -> Result<BTreeSet<u32>, TopologyError> {
+        let top = self.sys.join("devices");
+        let mut here = Some(dir);
+        while let Some(d) = here.filter(|d| d.starts_with(&top) && *d != top) {
+            let numa = read_numa(&d.join("numa_node"))?;
+            let cpus = read_trimmed(&d.join("local_cpulist"));
+            if numa.is_none() && cpus.is_empty() {
+                here = d.parent();
+                continue;
+            }
+            let Some(numa) = numa else {
+                // CPUs without a NUMA node: a hint kubelet cannot use, and the first one wins.
+                return Ok(BTreeSet::new());
+            };
+            let cpus_nearby = !cpus.is_empty()
+                || d.parent()
+                    .is_some_and(|p| !read_trimmed(&p.join("local_cpulist")).is_empty());
+            // A NUMA value with no CPUs near it is a socket id, not a NUMA node.
+            return Ok(if cpus_nearby {
+                BTreeSet::from([numa])
+            } else {
+                BTreeSet::new()
+            });
+        }
+        Ok(BTreeSet::new())
+    }
+}
+
+/// `numa_node`: None when missing, empty or -1 ("no affinity"); an error for anything else that
+/// is not a node id.
+fn read_numa(file: &Path) -> Result<Option<u32>, TopologyError> {
+    let value = read_trimmed(file);
+    if value.is_empty() || value == "-1" {
+        return Ok(None);
+    }
+    value
+        .parse::<u32>()
+        .map(Some)
+        .map_err(|_| TopologyError::BadNumaNode {
+            file: file.to_path_buf(),
+            value,
+        })
+}
+
+fn read_trimmed(file: &Path) -> String {
+    std::fs::read_to_string(file)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{DeviceInfo, DeviceSpec};
+    use std::os::unix::fs::symlink;
+
+    struct Roots {
+        _dir: tempfile::TempDir,
+        sys: PathBuf,
+        dev: DevFs,
+    }
+
+    /// A sys root with a two-socket PCI layout and a dev root with nodes of the given numbers
+    /// (regular files stand in for devices here; the fixture tests use real `mknod` nodes).
+    fn roots() -> Roots {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let dev = dir.path().join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        let write = |rel: &str, v: &str| {
+            let p = sys.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, v).unwrap();
+        };
+        write("devices/pci0000:00/0000:00:02.0/numa_node", "0\n");
+        write("devices/pci0000:00/0000:00:02.0/local_cpulist", "0-3\n");
+        std::fs::create_dir_all(sys.join("devices/pci0000:00/0000:00:02.0/drm/card0")).unwrap();
+        write("devices/pci0000:80/0000:80:01.0/numa_node", "1\n");
+        write("devices/pci0000:80/0000:80:01.0/local_cpulist", "4-7\n");
+        write("devices/pci0000:80/0000:80:01.1/numa_node", "-1\n");
+        std::fs::create_dir_all(sys.join("devices/virtual/vfio/12")).unwrap();
+        std::fs::create_dir_all(sys.join("kernel/iommu_groups/12/devices")).unwrap();
+        symlink(
+            "../../../../devices/pci0000:80/0000:80:01.0",
+            sys.join("kernel/iommu_groups/12/devices/0000:80:01.0"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(sys.join("dev/char")).unwrap();
+        for (numbers, target) in [
+            ("226:0", "../../devices/pci0000:00/0000:00:02.0/drm/card0"),
+            ("243:12", "../../devices/virtual/vfio/12"),
+            ("10:1", "../../devices/pci0000:80/0000:80:01.1"),
+        ] {
+            symlink(target, sys.join("dev/char").join(numbers)).unwrap();
+        }
+        let dev = DevFs::open(&dev).unwrap();
+        Roots {
+            _dir: dir,
+            sys,
+            dev,
+        }
+    }
+
+    #[test]
+    fn regular_files_have_no_affinity() {
+        let r = roots();
+        std::fs::write(r.dev.root_path().join("plain"), "").unwrap();
+        let t = Topology::new(&r.sys);
+        assert!(matches!(
+            t.node_numa("/dev/plain", &r.dev),
+            Err(TopologyError::NotADevice { .. })
+        ));
+        assert!(matches!(
+            t.node_numa("/dev/missing", &r.dev),
+            Err(TopologyError::Node { .. })
+        ));
+    }
+
+    #[test]
+    fn walk_stops_at_first_hint_and_drops_sockets() {
+        let r = roots();
+        let t = Topology::new(&r.sys);
+        let card = r.sys.join("devices/pci0000:00/0000:00:02.0/drm/card0");
+        let card = std::fs::canonicalize(card).unwrap();
+        assert_eq!(t.walk_up(&card).unwrap(), BTreeSet::from([0]));
+        let minus_one = std::fs::canonicalize(r.sys.join("devices/pci0000:80/0000:80:01.1"));
+        assert!(t.walk_up(&minus_one.unwrap()).unwrap().is_empty());
+        // A NUMA value with no CPUs here or above is a socket.
+        let socket = r.sys.join("devices/platform/x");
+        std::fs::create_dir_all(&socket).unwrap();
+        std::fs::write(socket.join("numa_node"), "3").unwrap();
+        let socket = std::fs::canonicalize(socket).unwrap();
+        assert!(t.walk_up(&socket).unwrap().is_empty());
+        std::fs::write(r.sys.join("devices/platform/x/numa_node"), "x").unwrap();
+        assert!(matches!(
+            t.walk_up(&socket),
+            Err(TopologyError::BadNumaNode { .. })
+        ));
+    }
+
+    #[test]
+    fn devices_without_numa_get_it_and_others_are_kept() {
+        let r = roots();
+        let t = Topology::new(&r.sys);
+        let spec = |p: &str| DeviceSpec {
+            container_path: p.into(),
+            host_path: p.into(),
+            permissions: "rw".into(),
+        };
+        let info = |paths: &[&str], numa: Option<Vec<u32>>| DeviceInfo {
+            nodes: paths.iter().map(|p| spec(p)).collect(),
+            numa_nodes: numa,
+            ..DeviceInfo::default()
+        };
+        let mut tree = DeviceTree::default();
+        let group = tree.0.entry("t".into()).or_default();
+        group.insert("none".into(), info(&[], None));
+        group.insert("given".into(), info(&["/dev/missing"], Some(vec![5])));
+        group.insert("missing".into(), info(&["/dev/missing"], None));
+        t.fill(&mut tree, &r.dev);
+        let g = &tree.0["t"];
+        assert_eq!(g["none"].numa_nodes, None);
+        assert_eq!(
+            g["given"].numa_nodes,
+            Some(vec![5]),
+            "a guest's answer is kept"
+        );
+        assert_eq!(g["missing"].numa_nodes, None);
+    }
+}
