@@ -9,7 +9,7 @@
 use crate::allocate::ContainerResponse;
 use crate::sandbox::bindings::types as wit;
 use crate::sandbox::devfs::DevFs;
-use crate::tree::{DeviceTree, Mount, TreeError};
+use crate::tree::{DeviceTree, Health, Mount, TreeError};
 
 /// The per-scanner policy. `Default` is the safe default: no mounts, generous size caps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +62,11 @@ impl Policy {
         for (id, info) in tree.0.values().flat_map(|g| g.iter()) {
             let owner = format!("device {id:?}");
             self.check_mounts(&owner, &info.mounts)?;
+            // An Unhealthy device is never allocated, and "its node vanished" is exactly why a
+            // scanner reports one: only devices that may reach a container need their nodes.
+            if info.health == Health::Unhealthy {
+                continue;
+            }
             for node in &info.nodes {
                 check_node_exists(&owner, &node.host_path, dev)?;
             }
@@ -287,6 +292,12 @@ mod tests {
             rule(vec![group("a", 1, info("/dev/nope", None))]),
             "node-exists"
         );
+        // A device reported Unhealthy because its node vanished is served as such.
+        let gone = wit::DeviceInfo {
+            health: wit::Health::Unhealthy,
+            ..info("/dev/nope", None)
+        };
+        assert!(p.check_tree(vec![group("a", 1, gone)], &dev).is_ok());
         assert_eq!(
             rule(vec![group("a", 1, info("/dev/kvm", Some("/run/okay")))]),
             "allowed-mounts"

@@ -1,7 +1,7 @@
 //! Change notification behind WIT `devfs.wait-for-change`.
 //!
 //! One inotify instance per host watches the dev root recursively (new directories are followed)
-//! and the class and bus directories of the sys root. Every event bumps a generation counter in a
+//! and the class, bus and driver directories of the sys root. Every event bumps a generation counter in a
 //! `tokio::sync::watch` channel. Each guest store holds its own receiver, which remembers the last
 //! generation that guest has seen: a change that happens while the guest is scanning is reported
 //! by its next `wait-for-change` at once, so no hot-plug is lost between a scan and the next wait.
@@ -93,6 +93,10 @@ impl Watching {
             for child in subdirs(&top) {
                 this.add_one(&child);
                 this.add_one(&child.join("devices"));
+                // bus/<bus>/drivers/<driver>: binding and unbinding adds and removes a link here.
+                for driver in subdirs(&child.join("drivers")) {
+                    this.add_one(&driver);
+                }
             }
         }
         Ok(this)
