@@ -15,32 +15,17 @@
 
 use crate::config::{DeviceType, Group, PathType, UsbSpec};
 use wdp_guest::tree::{id_from_path, sanitize_id};
+use wdp_guest::usb::UsbDevice;
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder};
 
-/// An attached USB device, as read from `/sys/bus/usb/devices/*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsbDevice {
-    pub vendor: u16,
-    pub product: u16,
-    pub serial: Option<String>,
-    pub bus: u32,
-    pub dev: u32,
-}
-
-impl UsbDevice {
-    /// The device node, `/dev/bus/usb/BBB/DDD`.
-    pub fn bus_path(&self) -> String {
-        format!("/dev/bus/usb/{:03}/{:03}", self.bus, self.dev)
-    }
-
-    fn matches(&self, spec: &UsbSpec) -> bool {
-        self.vendor == spec.vendor
-            && self.product == spec.product
-            && spec
-                .serial
-                .as_ref()
-                .is_none_or(|s| self.serial.as_ref() == Some(s))
-    }
+/// Whether an attached device matches a spec: same ids, and the same serial when the spec has one.
+fn usb_matches(d: &UsbDevice, spec: &UsbSpec) -> bool {
+    d.vendor == spec.vendor
+        && d.product == spec.product
+        && spec
+            .serial
+            .as_ref()
+            .is_none_or(|s| d.serial.as_ref() == Some(s))
 }
 
 /// What discovery needs from the machine (the guest's devfs and /sys, or a fake in tests).
@@ -136,7 +121,7 @@ fn usb_device(
 ) -> Option<(String, DeviceInfo)> {
     let mut nodes: Vec<String> = Vec::new();
     for spec in &group.usb {
-        for d in devices.iter().filter(|d| d.matches(spec)) {
+        for d in devices.iter().filter(|d| usb_matches(d, spec)) {
             let node = d.bus_path();
             if !nodes.contains(&node) && machine.exists(&node) {
                 nodes.push(node);
@@ -163,25 +148,6 @@ fn usb_device(
         .collect::<Vec<_>>()
         .join("+");
     Some((id, info))
-}
-
-/// Parses one USB device directory's attributes (`idVendor`, `idProduct` hex; `busnum`, `devnum`
-/// decimal; `serial` optional), each already trimmed. None when one is missing or malformed
-/// (interfaces and hubs' ports have no idVendor).
-pub fn parse_usb_device(
-    vendor: Option<&str>,
-    product: Option<&str>,
-    serial: Option<&str>,
-    busnum: Option<&str>,
-    devnum: Option<&str>,
-) -> Option<UsbDevice> {
-    Some(UsbDevice {
-        vendor: u16::from_str_radix(vendor?, 16).ok()?,
-        product: u16::from_str_radix(product?, 16).ok()?,
-        serial: serial.filter(|s| !s.is_empty()).map(str::to_string),
-        bus: busnum?.parse().ok()?,
-        dev: devnum?.parse().ok()?,
-    })
 }
 
 #[cfg(test)]
@@ -221,6 +187,7 @@ mod tests {
 
     fn usb(vendor: u16, product: u16, serial: Option<&str>, bus: u32, dev: u32) -> UsbDevice {
         UsbDevice {
+            name: format!("{bus}-{dev}"),
             vendor,
             product,
             serial: serial.map(str::to_string),
@@ -370,33 +337,5 @@ mod tests {
         );
         assert_eq!(ids(&t, "s"), ["ttyUSB0", "ttyUSB1"]);
         assert_eq!(t[0].devices[0].info.nodes[0].permissions, "rw");
-    }
-
-    #[test]
-    fn usb_sysfs_attributes() {
-        let d = parse_usb_device(
-            Some("1050"),
-            Some("0407"),
-            Some("ABC"),
-            Some("1"),
-            Some("12"),
-        )
-        .unwrap();
-        assert_eq!(d.bus_path(), "/dev/bus/usb/001/012");
-        assert_eq!(d.serial.as_deref(), Some("ABC"));
-        assert_eq!(
-            parse_usb_device(Some("1d6b"), Some("0002"), None, Some("2"), Some("1"))
-                .unwrap()
-                .serial,
-            None
-        );
-        assert_eq!(
-            parse_usb_device(None, Some("1"), None, Some("1"), Some("1")),
-            None
-        );
-        assert_eq!(
-            parse_usb_device(Some("zz"), Some("1"), None, Some("1"), Some("1")),
-            None
-        );
     }
 }

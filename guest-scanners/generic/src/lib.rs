@@ -10,7 +10,8 @@
 pub mod config;
 pub mod discover;
 
-use discover::{Machine, UsbDevice};
+use discover::Machine;
+use wdp_guest::usb::{self, UsbDevice};
 use wdp_guest::{DeviceTree, devfs, sysfs};
 
 /// The guest's view of the machine: /dev through devfs, /sys through std::fs.
@@ -32,20 +33,7 @@ impl Machine for Guest {
     }
 
     fn usb_devices(&self) -> Vec<UsbDevice> {
-        const DIR: &str = "/sys/bus/usb/devices";
-        sysfs::list_dir(DIR)
-            .into_iter()
-            .filter_map(|name| {
-                let attr = |a: &str| sysfs::read_attr(format!("{DIR}/{name}/{a}"));
-                discover::parse_usb_device(
-                    attr("idVendor").as_deref(),
-                    attr("idProduct").as_deref(),
-                    attr("serial").as_deref(),
-                    attr("busnum").as_deref(),
-                    attr("devnum").as_deref(),
-                )
-            })
-            .collect()
+        usb::list()
     }
 
     fn exists(&self, path: &str) -> bool {

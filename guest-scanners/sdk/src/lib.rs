@@ -8,6 +8,8 @@
 //! * [`sysfs`]: read attributes, symlink names and class directories under `/sys` (std::fs);
 //! * [`devfs`]: list, stat and glob `/dev` through the host's metadata-only `devfs` interface;
 //! * [`pci`]: PCI addresses, ids, bound drivers and IOMMU groups;
+//! * [`usb`]: attached USB devices (ids, serial numbers, `/dev/bus/usb` nodes);
+//! * [`envs`]: per-device numbered envs (`QAT3`), renumbered per container by a post-allocator;
 //! * [`health`]: devices that vanish are reported Unhealthy until they come back;
 //! * [`tree`]: build [`DeviceInfo`] values and a [`DeviceTree`];
 //! * [`scan`]: the scan loop ([`run`]): scan, notify when the tree changed, wait for a change;
@@ -53,6 +55,7 @@
 
 pub mod config;
 pub mod devfs;
+pub mod envs;
 pub mod health;
 pub mod json;
 pub mod pathglob;
@@ -60,6 +63,7 @@ pub mod pci;
 pub mod scan;
 pub mod sysfs;
 pub mod tree;
+pub mod usb;
 
 /// The raw wit-bindgen bindings, one module per world. All worlds share the types of
 /// `bindings::scanner::wdp::device_plugin::types` (re-exported as [`types`]). Prefer the

@@ -154,6 +154,20 @@ impl TreeBuilder {
     }
 }
 
+/// True for a name kubelet accepts as the part of a resource name after the `/` (1-63 of
+/// letters, digits, `-`, `_`, `.`, starting and ending with a letter or digit): for scanners whose
+/// device types come from configuration, so a bad name fails at start with the variable named
+/// rather than as a refused tree.
+pub fn is_dev_type(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
 /// `<base>-0` .. `<base>-<count-1>`.
 pub fn slot_ids(base: &str, count: u32) -> Vec<String> {
     (0..count).map(|i| format!("{base}-{i}")).collect()

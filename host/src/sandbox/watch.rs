@@ -94,6 +94,7 @@ impl Watching {
                 this.add_one(&child);
                 this.add_one(&child.join("devices"));
                 // bus/<bus>/drivers/<driver>: binding and unbinding adds and removes a link here.
+                this.add_one(&child.join("drivers"));
                 for driver in subdirs(&child.join("drivers")) {
                     this.add_one(&driver);
                 }
