@@ -1,7 +1,529 @@
-//! `idxd`: placeholder, being written.
+//! `idxd`: work queues of Intel Data Streaming Accelerator (DSA) and In-Memory Analytics
+//! Accelerator (IAA) devices driven by the kernel's `idxd` driver, in place of Intel's DSA and
+//! IAA plugins (`pkg/idxd/plugin.go` with `cmd/dsa_plugin` and `cmd/iaa_plugin` in
+//! intel/intel-device-plugins-for-kubernetes). One component serves both: run it with
+//! `IDXD_DEVICE: dsa` under namespace `dsa.intel.com`, with `IDXD_DEVICE: iax` under
+//! `iaa.intel.com`.
+//!
+//! **Reads** the work queues `/sys/bus/dsa/devices/<dsa|iax>*/wq*/state` (IAA devices are
+//! `iax<N>` on the same `dsa` bus) and, for each `enabled` one, its `mode` (`shared` or
+//! `dedicated`) and `type` (`user`, `kernel`, ...). For a `user` queue, through devfs: the node
+//! `/dev/<dsa|iax>/<wq>` must be a character device and `/dev/char/<major>:<minor>` a symlink
+//! resolving to it (libaccel-config opens the queue through that link).
+//!
+//! **Reports** type `wq-<type>-<mode>` (e.g. `wq-user-dedicated`, `wq-user-shared`) with ids
+//! `wq-<type>-<mode>-<wq>-<i>` (e.g. `wq-user-shared-wq0.1-0`): `SHARED_DEV_NUM` ids for a
+//! shared queue, one otherwise. A `user` queue's devices have both nodes (rw); other types have
+//! none. No envs, no mounts. A queue served before and not usable now (disabled, node gone) is
+//! reported Unhealthy until it is usable again; one whose type or mode changed moves to its new
+//! type without leaving Unhealthy copies behind.
+//!
+//! **Environment:**
+//!
+//! * `IDXD_DEVICE` (required; `dsa` or `iax`): which accelerator's queues to serve. Required
+//!   because the namespace is chosen in the host config: a default would silently serve DSA
+//!   queues as `iaa.intel.com` resources when it was forgotten.
+//! * `SHARED_DEV_NUM` (default 1; 1 ..= 1000), upstream's `-shared-dev-num`: how many
+//!   containers may share one shared work queue.
+//! * `RESCAN_INTERVAL_MS` (default 30000; upstream scans every 5 s): longest wait between scans.
+//!   The host wakes the scanner earlier when /dev changes, as it does when a user queue is
+//!   enabled or disabled; changes only sysfs shows (a kernel queue, a mode change) wait for the
+//!   next rescan.
+//!
+//! **Deliberate differences from upstream:** an enabled queue whose attributes cannot be read,
+//! or a user queue whose node or `/dev/char` link is missing or wrong, is left out (with one
+//! line on stderr) where upstream's scan fails and the plugin exits. DSA's `-driver=vfio-pci`
+//! mode is the `vfio` scanner (`VFIO_DEVICE_IDS: "0x0b25,0x11fb,0x1212"`).
 
-fn scan_once() -> Result<wdp_guest::DeviceTree, String> {
-    Ok(Vec::new())
+use wdp_guest::tree::is_dev_type;
+
+use wdp_guest::{
+    DeviceInfo, DeviceTree, TreeBuilder, config,
+    devfs::{self, Node, NodeKind},
+    health::Vanished,
+    notes::Notes,
+    sysfs,
+};
+
+/// Which accelerator's queues to serve.
+pub const DEVICE_ENV: &str = "IDXD_DEVICE";
+/// How many containers may share one shared queue.
+pub const SHARED_DEV_NUM_ENV: &str = "SHARED_DEV_NUM";
+/// Upstream's default for `-shared-dev-num`.
+pub const DEFAULT_SHARED_DEV_NUM: u32 = 1;
+/// Largest accepted `SHARED_DEV_NUM`.
+pub const MAX_SHARED_DEV_NUM: u32 = 1000;
+/// Where the kernel links the char device numbers to their nodes.
+pub const CHAR_DEV_DIR: &str = "/dev/char";
+
+/// The scanner's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `dsa` or `iax`: the sysfs device prefix and the directory of the queue nodes in /dev.
+    pub device: String,
+    pub shared_dev_num: u32,
 }
 
-wdp_guest::export_scan_loop!(scan_once);
+impl Config {
+    /// The settings from `get(name)` (None: unset).
+    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<Config, String> {
+        let device = match get(DEVICE_ENV) {
+            None => {
+                return Err(format!(
+                    "{DEVICE_ENV} is not set: expected dsa (DSA, namespace dsa.intel.com) or \
+                     iax (IAA, namespace iaa.intel.com)"
+                ));
+            }
+            Some(v) => config::parse_choice(DEVICE_ENV, Some(&v), "dsa", &["dsa", "iax"])
+                .map_err(|e| e.replace(" (default dsa)", ""))?,
+        };
+        let shared_dev_num = config::parse_u32(
+            SHARED_DEV_NUM_ENV,
+            get(SHARED_DEV_NUM_ENV).as_deref(),
+            DEFAULT_SHARED_DEV_NUM,
+            1..=MAX_SHARED_DEV_NUM,
+        )?;
+        Ok(Config {
+            device: device.to_string(),
+            shared_dev_num,
+        })
+    }
+
+    /// The glob of the queues' `state` attributes (upstream's `statePattern`).
+    pub fn state_pattern(&self) -> String {
+        format!("/sys/bus/dsa/devices/{}*/wq*/state", self.device)
+    }
+}
+
+/// What discovery needs from the machine: /sys through std::fs and /dev through devfs in the
+/// guest, a fake in unit tests.
+pub trait Machine {
+    /// Sorted paths under /sys matching a glob.
+    fn glob(&self, pattern: &str) -> Vec<String>;
+    /// A sysfs attribute, trimmed; None when unreadable.
+    fn read_attr(&self, path: &str) -> Option<String>;
+    /// A /dev entry, not following a final symlink.
+    fn dev_stat(&self, path: &str) -> Option<Node>;
+    /// The stored target of a /dev symlink.
+    fn dev_read_link(&self, path: &str) -> Option<String>;
+}
+
+/// The most symlinks [`dev_resolve`] follows (Linux's own limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// `realpath` under /dev through `m`, one component at a time (upstream's
+/// `filepath.EvalSymlinks`); None for a missing component or a link loop.
+pub fn dev_resolve(m: &impl Machine, path: &str) -> Option<String> {
+    let mut pending: Vec<String> = path.split('/').rev().map(str::to_string).collect();
+    let mut done: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(part) = pending.pop() {
+        match part.as_str() {
+            "" | "." => continue,
+            ".." => {
+                done.pop();
+                continue;
+            }
+            _ => {}
+        }
+        done.push(part);
+        let here = format!("/{}", done.join("/"));
+        if here == "/dev" {
+            continue;
+        }
+        if m.dev_stat(&here)?.kind != NodeKind::Symlink {
+            continue;
+        }
+        hops += 1;
+        if hops > MAX_LINK_HOPS {
+            return None;
+        }
+        done.pop();
+        let target = m.dev_read_link(&here)?;
+        if target.starts_with('/') {
+            done.clear();
+        }
+        pending.extend(target.split('/').rev().map(str::to_string));
+    }
+    Some(format!("/{}", done.join("/")))
+}
+
+/// The nodes of user queue `wq` (upstream's `getDevNodes`): `/dev/<device>/<wq>` and its
+/// `/dev/char/<major>:<minor>` link; Err says what is wrong.
+pub fn queue_nodes(m: &impl Machine, device: &str, wq: &str) -> Result<DeviceInfo, String> {
+    let node = format!("/dev/{device}/{wq}");
+    let st = m
+        .dev_stat(&node)
+        .ok_or_else(|| format!("{node} is missing"))?;
+    if st.kind != NodeKind::CharDevice {
+        return Err(format!("{node} is not a character device"));
+    }
+    let link = format!("{CHAR_DEV_DIR}/{}:{}", st.major, st.minor);
+    match m.dev_stat(&link) {
+        Some(l) if l.kind == NodeKind::Symlink => {}
+        Some(_) => return Err(format!("{link} is not a symlink")),
+        None => return Err(format!("{link} is missing")),
+    }
+    match dev_resolve(m, &link) {
+        Some(target) if target == node => {}
+        Some(target) => return Err(format!("{link} points to {target}, not {node}")),
+        None => return Err(format!("{link} does not resolve")),
+    }
+    Ok(DeviceInfo::new()
+        .node(&node, &node, "rw")
+        .node(&link, &link, "rw"))
+}
+
+/// One scan's tree, and a message for each enabled queue left out.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Scan {
+    pub tree: DeviceTree,
+    pub notes: Vec<String>,
+}
+
+/// One scan over `m` (upstream's `scan`).
+pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
+    let mut tree = TreeBuilder::new();
+    let mut notes = Vec::new();
+    for state_path in m.glob(&cfg.state_pattern()) {
+        let Some(dir) = state_path.strip_suffix("/state") else {
+            continue;
+        };
+        let wq = dir.rsplit('/').next().unwrap_or(dir);
+        if m.read_attr(&state_path).as_deref() != Some("enabled") {
+            continue;
+        }
+        let (Some(mode), Some(wq_type)) = (
+            m.read_attr(&format!("{dir}/mode")),
+            m.read_attr(&format!("{dir}/type")),
+        ) else {
+            notes.push(format!(
+                "work queue {wq}: mode or type unreadable: not served"
+            ));
+            continue;
+        };
+        let dev_type = format!("wq-{wq_type}-{mode}");
+        if !is_dev_type(&dev_type) {
+            notes.push(format!(
+                "work queue {wq}: {dev_type:?} is not a resource name: not served"
+            ));
+            continue;
+        }
+        let info = if wq_type == "user" {
+            match queue_nodes(m, &cfg.device, wq) {
+                Ok(info) => info,
+                Err(why) => {
+                    notes.push(format!("work queue {wq}: {why}: not served"));
+                    continue;
+                }
+            }
+        } else {
+            DeviceInfo::new()
+        };
+        let amount = if mode == "shared" {
+            cfg.shared_dev_num
+        } else {
+            1
+        };
+        tree.add_shared(&dev_type, &format!("{dev_type}-{wq}"), amount, info);
+    }
+    Scan {
+        tree: tree.build(),
+        notes,
+    }
+}
+
+/// The guest's view of the machine.
+struct Guest;
+
+impl Machine for Guest {
+    fn glob(&self, pattern: &str) -> Vec<String> {
+        // The pattern comes from a validated setting; a bad one would match nothing.
+        sysfs::glob_sys(pattern)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.path)
+            .collect()
+    }
+    fn read_attr(&self, path: &str) -> Option<String> {
+        sysfs::read_attr(path)
+    }
+    fn dev_stat(&self, path: &str) -> Option<Node> {
+        devfs::stat(path).ok()
+    }
+    fn dev_read_link(&self, path: &str) -> Option<String> {
+        devfs::read_link(path).ok()
+    }
+}
+
+/// The queue name in a device id `<dev_type>-<wq>-<i>` (`wq0.1` in `wq-user-shared-wq0.1-0`).
+pub fn queue_of(dev_type: &str, id: &str) -> String {
+    let rest = id
+        .strip_prefix(dev_type)
+        .and_then(|r| r.strip_prefix('-'))
+        .unwrap_or(id);
+    rest.rsplit_once('-').map_or(rest, |(wq, _)| wq).to_string()
+}
+
+struct Idxd;
+
+impl wdp_guest::Scanner for Idxd {
+    fn scan() -> Result<(), String> {
+        let cfg = Config::parse(config::env_var)?;
+        let mut vanished = Vanished::new();
+        let mut notes = Notes::new();
+        wdp_guest::run(|| {
+            let scan = scan(&Guest, &cfg);
+            notes.print(scan.notes);
+            Ok(vanished.mark_moving(scan.tree, queue_of))
+        })
+    }
+}
+
+wdp_guest::export_scanner!(Idxd);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Sysfs attributes, /dev entries (kind, major, minor) and /dev link targets.
+    #[derive(Default)]
+    struct Fake {
+        attrs: BTreeMap<String, String>,
+        dev: BTreeMap<String, (NodeKind, u32, u32)>,
+        links: BTreeMap<String, String>,
+    }
+
+    impl Machine for Fake {
+        fn glob(&self, pattern: &str) -> Vec<String> {
+            let (prefix, _) = pattern.split_once('*').unwrap();
+            self.attrs
+                .keys()
+                .filter(|k| k.starts_with(prefix) && k.ends_with("/state"))
+                .cloned()
+                .collect()
+        }
+        fn read_attr(&self, path: &str) -> Option<String> {
+            self.attrs.get(path).cloned()
+        }
+        fn dev_stat(&self, path: &str) -> Option<Node> {
+            if self.links.contains_key(path) {
+                return Some(node(path, NodeKind::Symlink, 0, 0));
+            }
+            let (kind, major, minor) = *self.dev.get(path)?;
+            Some(node(path, kind, major, minor))
+        }
+        fn dev_read_link(&self, path: &str) -> Option<String> {
+            self.links.get(path).cloned()
+        }
+    }
+
+    fn node(path: &str, kind: NodeKind, major: u32, minor: u32) -> Node {
+        Node {
+            name: path.rsplit('/').next().unwrap().into(),
+            kind,
+            major,
+            minor,
+            mode: 0o600,
+        }
+    }
+
+    impl Fake {
+        fn dirs(&mut self, paths: &[&str]) {
+            for p in paths {
+                self.dev.insert(p.to_string(), (NodeKind::Directory, 0, 0));
+            }
+        }
+
+        fn queue(&mut self, dev: &str, wq: &str, state: &str, mode: &str, ty: &str) {
+            let dir = format!("/sys/bus/dsa/devices/{dev}/{wq}");
+            self.attrs.insert(format!("{dir}/state"), state.into());
+            self.attrs.insert(format!("{dir}/mode"), mode.into());
+            self.attrs.insert(format!("{dir}/type"), ty.into());
+        }
+
+        fn user_node(&mut self, class: &str, wq: &str, minor: u32) {
+            let path = format!("/dev/{class}/{wq}");
+            self.dev.insert(path, (NodeKind::CharDevice, 236, minor));
+            self.links
+                .insert(format!("/dev/char/236:{minor}"), format!("../{class}/{wq}"));
+        }
+    }
+
+    fn cfg(device: &str, shared: u32) -> Config {
+        Config {
+            device: device.into(),
+            shared_dev_num: shared,
+        }
+    }
+
+    fn ids(s: &Scan) -> Vec<String> {
+        s.tree
+            .iter()
+            .flat_map(|g| {
+                g.devices
+                    .iter()
+                    .map(move |d| format!("{}/{}", g.dev_type, d.id))
+            })
+            .collect()
+    }
+
+    fn fake() -> Fake {
+        let mut m = Fake::default();
+        m.dirs(&["/dev", "/dev/dsa", "/dev/iax", "/dev/char"]);
+        m.queue("dsa0", "wq0.0", "enabled", "dedicated", "user");
+        m.queue("dsa0", "wq0.1", "enabled", "shared", "user");
+        m.queue("dsa0", "wq0.2", "disabled", "shared", "user");
+        m.queue("dsa0", "wq0.3", "enabled", "dedicated", "kernel");
+        m.queue("iax1", "wq1.0", "enabled", "shared", "user");
+        m.user_node("dsa", "wq0.0", 0);
+        m.user_node("dsa", "wq0.1", 1);
+        m.user_node("iax", "wq1.0", 2);
+        m
+    }
+
+    #[test]
+    fn settings() {
+        let get = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            Config::parse(get(&[("IDXD_DEVICE", "iax")])),
+            Ok(cfg("iax", 1))
+        );
+        assert_eq!(
+            Config::parse(get(&[("IDXD_DEVICE", "dsa"), ("SHARED_DEV_NUM", "4")])),
+            Ok(cfg("dsa", 4))
+        );
+        let e = Config::parse(get(&[])).unwrap_err();
+        assert!(e.starts_with("IDXD_DEVICE is not set"), "{e}");
+        let e = Config::parse(get(&[("IDXD_DEVICE", "iaa")])).unwrap_err();
+        assert_eq!(
+            e,
+            "IDXD_DEVICE=\"iaa\" is not valid: expected one of dsa, iax"
+        );
+        let e = Config::parse(get(&[("IDXD_DEVICE", "dsa"), ("SHARED_DEV_NUM", "0")])).unwrap_err();
+        assert!(e.starts_with("SHARED_DEV_NUM=\"0\" is not valid"), "{e}");
+        assert_eq!(
+            cfg("iax", 1).state_pattern(),
+            "/sys/bus/dsa/devices/iax*/wq*/state"
+        );
+    }
+
+    #[test]
+    fn enabled_queues_typed_by_type_and_mode() {
+        let m = fake();
+        let s = scan(&m, &cfg("dsa", 3));
+        assert_eq!(
+            ids(&s),
+            [
+                "wq-user-dedicated/wq-user-dedicated-wq0.0-0",
+                "wq-user-shared/wq-user-shared-wq0.1-0",
+                "wq-user-shared/wq-user-shared-wq0.1-1",
+                "wq-user-shared/wq-user-shared-wq0.1-2",
+                "wq-kernel-dedicated/wq-kernel-dedicated-wq0.3-0",
+            ]
+        );
+        let user = &s.tree[0].devices[0].info;
+        let nodes: Vec<&str> = user.nodes.iter().map(|n| n.host_path.as_str()).collect();
+        assert_eq!(nodes, ["/dev/dsa/wq0.0", "/dev/char/236:0"]);
+        assert!(
+            s.tree[2].devices[0].info.nodes.is_empty(),
+            "kernel queues have no nodes"
+        );
+        assert!(s.notes.is_empty(), "{:?}", s.notes);
+
+        let s = scan(&m, &cfg("iax", 2));
+        assert_eq!(
+            ids(&s),
+            [
+                "wq-user-shared/wq-user-shared-wq1.0-0",
+                "wq-user-shared/wq-user-shared-wq1.0-1"
+            ]
+        );
+    }
+
+    #[test]
+    fn broken_user_queues_are_left_out_with_a_note() {
+        let mut m = fake();
+        m.dev.remove("/dev/dsa/wq0.0");
+        m.links
+            .insert("/dev/char/236:1".into(), "../dsa/wq0.0".into());
+        let s = scan(&m, &cfg("dsa", 1));
+        assert_eq!(ids(&s), ["wq-kernel-dedicated/wq-kernel-dedicated-wq0.3-0"]);
+        assert_eq!(
+            s.notes,
+            [
+                "work queue wq0.0: /dev/dsa/wq0.0 is missing: not served",
+                "work queue wq0.1: /dev/char/236:1 does not resolve: not served",
+            ]
+        );
+        let mut m = fake();
+        m.links
+            .insert("/dev/char/236:1".into(), "/dev/dsa/wq0.0".into());
+        m.dev
+            .insert("/dev/dsa/wq0.0".into(), (NodeKind::File, 0, 0));
+        m.links.remove("/dev/char/236:0");
+        m.dev
+            .insert("/dev/char/236:0".into(), (NodeKind::CharDevice, 236, 0));
+        let s = scan(&m, &cfg("dsa", 1));
+        assert_eq!(
+            s.notes,
+            [
+                "work queue wq0.0: /dev/dsa/wq0.0 is not a character device: not served",
+                "work queue wq0.1: /dev/char/236:1 points to /dev/dsa/wq0.0, not /dev/dsa/wq0.1: not served",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_queue_that_changed_mode_leaves_no_ghost() {
+        assert_eq!(
+            queue_of("wq-user-shared", "wq-user-shared-wq0.1-12"),
+            "wq0.1"
+        );
+        let mut m = fake();
+        let c = cfg("dsa", 2);
+        let mut v = Vanished::new();
+        v.mark(scan(&m, &c).tree);
+        m.queue("dsa0", "wq0.1", "enabled", "dedicated", "user");
+        m.queue("dsa0", "wq0.3", "disabled", "dedicated", "kernel");
+        let now = scan(&m, &c).tree;
+        let t = v.mark_moving(now, queue_of);
+        let got: Vec<String> = t
+            .iter()
+            .flat_map(|g| {
+                g.devices
+                    .iter()
+                    .map(move |d| format!("{} {:?}", d.id, d.info.health))
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "wq-user-dedicated-wq0.0-0 Health::Healthy",
+                "wq-user-dedicated-wq0.1-0 Health::Healthy",
+                "wq-kernel-dedicated-wq0.3-0 Health::Unhealthy",
+            ]
+        );
+        let types: Vec<&str> = t.iter().map(|g| g.dev_type.as_str()).collect();
+        assert_eq!(types, ["wq-user-dedicated", "wq-kernel-dedicated"]);
+    }
+
+    #[test]
+    fn dev_links_resolve_through_relative_and_absolute_hops() {
+        let mut m = fake();
+        m.links.insert("/dev/a".into(), "char/236:0".into());
+        m.links.insert("/dev/b".into(), "/dev/a".into());
+        m.links.insert("/dev/loop".into(), "loop".into());
+        assert_eq!(dev_resolve(&m, "/dev/b").as_deref(), Some("/dev/dsa/wq0.0"));
+        assert_eq!(dev_resolve(&m, "/dev/loop"), None);
+        assert_eq!(dev_resolve(&m, "/dev/missing"), None);
+    }
+}

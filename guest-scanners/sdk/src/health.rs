@@ -6,7 +6,7 @@
 //! Healthy again. A scanner only sees what is there now, so the memory of what was there lives
 //! here, for the life of the guest instance.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::types::{DeviceTree, Health};
 use crate::{Device, DeviceGroup, DeviceInfo};
@@ -22,10 +22,33 @@ impl Vanished {
         Self::default()
     }
 
+    /// Like [`Vanished::mark`], for devices that can change type: a remembered device whose
+    /// `key(dev_type, id)` is also the key of a device in `tree` moved (a QAT VF whose PF now
+    /// offers `dc` instead of `cy`, a work queue switched from shared to dedicated) rather than
+    /// vanished, so it is forgotten instead of lingering as an Unhealthy ghost of its old type.
+    pub fn mark_moving(
+        &mut self,
+        tree: DeviceTree,
+        key: impl Fn(&str, &str) -> String,
+    ) -> DeviceTree {
+        let mut present = BTreeSet::new();
+        let mut keys = BTreeSet::new();
+        for group in &tree {
+            for d in &group.devices {
+                present.insert((group.dev_type.clone(), d.id.clone()));
+                keys.insert(key(&group.dev_type, &d.id));
+            }
+        }
+        self.seen.retain(|(dev_type, id), _| {
+            present.contains(&(dev_type.clone(), id.clone())) || !keys.contains(&key(dev_type, id))
+        });
+        self.mark(tree)
+    }
+
     /// `tree` plus every device reported before but missing now, with its last description and
     /// health Unhealthy, appended to its group (the group is recreated if it went away).
     pub fn mark(&mut self, mut tree: DeviceTree) -> DeviceTree {
-        let mut present = std::collections::BTreeSet::new();
+        let mut present = BTreeSet::new();
         for group in &tree {
             for d in &group.devices {
                 present.insert((group.dev_type.clone(), d.id.clone()));
@@ -104,5 +127,23 @@ mod tests {
             "last description kept"
         );
         assert_eq!(v.mark(all.clone()), all, "back to Healthy, in scan order");
+    }
+
+    #[test]
+    fn moved_devices_are_forgotten_not_kept_as_ghosts() {
+        let mut v = Vanished::new();
+        let by_id = |_: &str, id: &str| id.to_string();
+        v.mark_moving(tree(&[("cy", "vf0"), ("cy", "vf1")]), by_id);
+        // vf0's PF now offers dc: vf0 moved; vf1 vanished.
+        let t = v.mark_moving(tree(&[("dc", "vf0")]), by_id);
+        assert_eq!(
+            health(&t),
+            ["dc/vf0 Health::Healthy", "cy/vf1 Health::Unhealthy"]
+        );
+        let t = v.mark_moving(tree(&[("dc", "vf0"), ("cy", "vf1")]), by_id);
+        assert_eq!(
+            health(&t),
+            ["dc/vf0 Health::Healthy", "cy/vf1 Health::Healthy"]
+        );
     }
 }

@@ -10,6 +10,7 @@
 //! * [`pci`]: PCI addresses, ids, bound drivers and IOMMU groups;
 //! * [`usb`]: attached USB devices (ids, serial numbers, `/dev/bus/usb` nodes);
 //! * [`envs`]: per-device numbered envs (`QAT3`), renumbered per container by a post-allocator;
+//! * [`notes`]: problems a scanner reports once per episode, not once per scan;
 //! * [`health`]: devices that vanish are reported Unhealthy until they come back;
 //! * [`tree`]: build [`DeviceInfo`] values and a [`DeviceTree`];
 //! * [`scan`]: the scan loop ([`run`]): scan, notify when the tree changed, wait for a change;
@@ -58,6 +59,7 @@ pub mod devfs;
 pub mod envs;
 pub mod health;
 pub mod json;
+pub mod notes;
 pub mod pathglob;
 pub mod pci;
 pub mod scan;

@@ -93,11 +93,9 @@ impl Watching {
             for child in subdirs(&top) {
                 this.add_one(&child);
                 this.add_one(&child.join("devices"));
-                // bus/<bus>/drivers/<driver>: binding and unbinding adds and removes a link here.
-                this.add_one(&child.join("drivers"));
-                for driver in subdirs(&child.join("drivers")) {
-                    this.add_one(&driver);
-                }
+                // bus/<bus>/drivers/<driver>: binding and unbinding adds and removes a link
+                // there; followed like the dev root, so a driver loaded later is watched too.
+                this.add_tree(&child.join("drivers"));
             }
         }
         Ok(this)
