@@ -199,3 +199,47 @@ pub async fn healthy_kvm(sandbox: &Arc<Sandbox>) -> Running {
     kvm.next_tree().await;
     kvm
 }
+
+/// A guest written in another language (`lang`: python, js or c), as `make guests` builds it:
+/// `target/guests/<lang>/<name>.wasm` from `guest-scanners/<lang>/<name>/`. Missing, or older
+/// than one of its sources, is a test failure that says how to build it: these guests need
+/// toolchains cargo does not provide, so this crate's build script cannot build them.
+pub fn lang_guest(lang: &str, name: &str) -> PathBuf {
+    let target = PathBuf::from(env!("WDP_TARGET_DIR"));
+    let path = target.join(format!("guests/{lang}/{name}.wasm"));
+    let how = format!(
+        "`make guests` builds it (after `make setup` installed the toolchains; one guest alone: \
+         scripts/build-lang-guest.sh {lang} {name})"
+    );
+    let built = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} is missing: {how}", path.display()));
+    let sources = target
+        .parent()
+        .expect("target/ is inside the repository")
+        .join(format!("guest-scanners/{lang}/{name}"));
+    for entry in std::fs::read_dir(&sources)
+        .unwrap_or_else(|e| panic!("{}: {e}", sources.display()))
+        .filter_map(Result::ok)
+    {
+        let newer = entry
+            .metadata()
+            .is_ok_and(|m| m.is_file() && m.modified().is_ok_and(|t| t > built));
+        if newer {
+            panic!(
+                "{} is older than {}: {how}",
+                path.display(),
+                entry.path().display()
+            );
+        }
+    }
+    path
+}
+
+/// Makes the kernel send a real uevent (`change` of `/dev/null`'s device, which has no other
+/// effect than udev, if any runs, re-applying /dev/null's permissions): a sysfs-side change
+/// signal that no inotify watch can see, for testing that the host listens to uevents.
+pub fn kernel_uevent() {
+    std::fs::write("/sys/devices/virtual/mem/null/uevent", "change")
+        .expect("write /sys/devices/virtual/mem/null/uevent (tests run as root)");
+}

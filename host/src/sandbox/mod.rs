@@ -16,6 +16,7 @@ mod limits;
 mod open_guard;
 pub mod output;
 mod state;
+pub mod uevent;
 pub mod watch;
 
 use std::path::{Path, PathBuf};

@@ -7,7 +7,10 @@
 //! by its next `wait-for-change` at once, so no hot-plug is lost between a scan and the next wait.
 //!
 //! Real sysfs emits few inotify events (kernfs only notifies attribute changes), so /sys watches
-//! mostly serve fixture trees; on a real node /dev is what moves when devices come and go.
+//! mostly serve fixture trees. On a real node the kernel's uevents ([`super::uevent`]) are what
+//! announce drivers binding and devices appearing in /sys; they bump the same counter. Bursts
+//! coalesce by construction: a guest that wakes on the first event rescans once for everything
+//! that happened until its scan ends, and the first event wakes it at once.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,19 +20,21 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::uevent::Uevents;
+
 /// Upper bound on inotify watches per host; beyond it new directories are not followed.
 const MAX_WATCHES: usize = 8192;
 
-/// Owns the watching task; dropping it stops the task.
+/// Owns the watching tasks (inotify, uevents); dropping it stops them.
 #[derive(Debug)]
 pub struct ChangeWatcher {
     rx: watch::Receiver<u64>,
-    task: Option<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for ChangeWatcher {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
+        for task in &self.tasks {
             task.abort();
         }
     }
@@ -39,19 +44,27 @@ impl ChangeWatcher {
     /// Starts watching. Must run inside a tokio runtime. If inotify is unavailable (e.g. the
     /// per-user instance limit is reached) the host still works: `wait-for-change` then only
     /// returns at its timeout, and a warning says so.
+    ///
+    /// Kernel uevents are heard whatever the sys root is (they describe the real machine): with a
+    /// fixture root they only cost a rescan that finds nothing new.
     pub fn start(dev_root: &Path, sys_root: &Path) -> Self {
         let (tx, rx) = watch::channel(0u64);
-        let task = match Watching::new(dev_root, sys_root) {
-            Ok(watching) => Some(tokio::spawn(watching.run(tx))),
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "inotify unavailable: scanners will only rescan at their timeout"
-                );
-                None
-            }
-        };
-        ChangeWatcher { rx, task }
+        let mut tasks = Vec::new();
+        match Watching::new(dev_root, sys_root) {
+            Ok(watching) => tasks.push(tokio::spawn(watching.run(tx.clone()))),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "inotify unavailable: scanners will only rescan at their timeout"
+            ),
+        }
+        match Uevents::open() {
+            Ok(uevents) => tasks.push(tokio::spawn(forward_uevents(uevents, tx))),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "kernel uevents unavailable: driver and sysfs changes wait for the rescan interval"
+            ),
+        }
+        ChangeWatcher { rx, tasks }
     }
 
     /// A receiver for one guest, with every change so far marked as seen.
@@ -149,6 +162,22 @@ impl Watching {
             }
             tx.send_modify(|generation| *generation += 1);
             if tx.is_closed() {
+                return;
+            }
+        }
+    }
+}
+
+/// Bumps the change counter on every relevant kernel uevent, until the socket fails.
+async fn forward_uevents(mut uevents: Uevents, tx: watch::Sender<u64>) {
+    loop {
+        match uevents.next().await {
+            Ok(action) => {
+                tracing::trace!(action, "kernel uevent");
+                tx.send_modify(|generation| *generation += 1);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "uevent socket failed; sysfs changes now wait for the rescan interval");
                 return;
             }
         }

@@ -342,6 +342,34 @@ async fn heartbeat_and_services_are_seen_at_the_rescan() {
     kubelet.stop().await;
 }
 
+/// A debugfs or sysfs attribute change sends no inotify event; on a real node the kernel's
+/// uevent for what caused it (a heartbeat failure comes with a device reset) is what wakes the
+/// scanner. Here any uevent does: the scanner rescans at once, not after its 10 minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_uevent_wakes_the_scanner() {
+    let f = Fixture::new();
+    gen4(&f);
+    let config = one_scanner_config(
+        &f,
+        "qat",
+        "qat.intel.com",
+        &["RESCAN_INTERVAL_MS: 600000"],
+        false,
+    );
+    let plugins = plugin_dir(&f);
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    let cy = "qat.intel.com/cy";
+    seen.health(cy, "0000:6b:00.1", "Healthy").await;
+    f.sys_file(
+        "kernel/debug/qat_4xxx_0000:6b:00.0/heartbeat/status",
+        "-1\n",
+    );
+    wdp_tests::kernel_uevent();
+    seen.health(cy, "0000:6b:00.1", "Unhealthy").await;
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_renumbers_envs_per_container() {
     let f = Fixture::new();
