@@ -95,7 +95,7 @@ pub enum TreeError {
     #[error("dev-type {value:?} appears more than once in one tree")]
     DuplicateDevType { value: String },
     #[error(
-        "device id {value:?} in dev-type {dev_type:?} is invalid: it must be 1-63 characters with no control characters or '/'"
+        "device id {value:?} in dev-type {dev_type:?} is invalid: it must be 1-63 characters with no control characters"
     )]
     DeviceId { dev_type: String, value: String },
     #[error("device id {value:?} appears more than once in dev-type {dev_type:?}")]
@@ -393,9 +393,13 @@ pub(crate) fn is_dev_type(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-/// kubelet documents a 63 character limit for device ids; `/` would break CDI and socket names.
+/// kubelet documents a 63 character limit for device ids and uses them only as keys (maps, its
+/// checkpoint's JSON), so any printable text fits: Intel's DLB plugin uses node paths
+/// (`/dev/dlb0`). Control characters are refused because ids end up in logs and `wdp status`.
+/// Nothing in the host makes a path from an id (sockets are named after the dev-type), and a CDI
+/// spec leaves out an id that is not a CDI device name.
 fn is_device_id(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 63 && !s.chars().any(|c| c.is_control() || c == '/')
+    !s.is_empty() && s.len() <= 63 && !s.chars().any(char::is_control)
 }
 
 /// A DNS subdomain (RFC 1123): lowercase labels of 1-63 characters, 253 in all.
@@ -519,6 +523,8 @@ mod tests {
         bad(tree("a/b", &["a"], info()), "dev-type \"a/b\"");
         bad(tree("kvm", &["a", "a"], info()), "more than once");
         bad(tree("kvm", &[&"x".repeat(64)], info()), "device id");
+        bad(tree("kvm", &["a\nb"], info()), "device id");
+        assert!(DeviceTree::from_guest(tree("pf", &["/dev/dlb0"], info())).is_ok());
         let mut i = info();
         i.nodes[0].host_path = "/dev/../etc/passwd".into();
         bad(tree("kvm", &["a"], i), "normalised");

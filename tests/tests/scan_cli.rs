@@ -147,6 +147,18 @@ fn a_trapping_guest_exits_non_zero_with_its_panic() {
     assert!(err.contains("hostile panic"), "{err}");
 }
 
+/// A scanner notifies only changes, so after a refused tree `--once` would wait forever for
+/// another: it exits non-zero naming the rule instead.
+#[test]
+fn once_ends_with_a_refused_tree() {
+    let f = Fixture::new();
+    let tree = r#"TREE={"t": {"a": {"nodes": ["/dev/missing"]}}}"#;
+    let out = scan(&guest("static_tree"), &f, &["--env", tree, "--once"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tree refused (node-exists)"), "{err}");
+}
+
 #[test]
 fn bad_inputs_are_explained() {
     let f = Fixture::new();

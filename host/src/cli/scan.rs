@@ -138,7 +138,12 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
                 }
             }
             Some(ScannerEvent::Refused(e)) => {
-                eprintln!("scanner {name}: tree refused: {e}");
+                eprintln!("scanner {name}: tree refused ({}): {e}", e.rule());
+                // A scanner notifies only changes: waiting would wait for a tree that may never
+                // come. A dry run asked for one tree, and this is the answer.
+                if args.once {
+                    return Ok(ExitCode::FAILURE);
+                }
             }
             Some(ScannerEvent::Failed { error, .. }) => {
                 eprintln!("error: scanner {name} failed: {error}");

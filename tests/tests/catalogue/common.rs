@@ -25,6 +25,8 @@ pub fn scan_once(name: &str, f: &Fixture, env: &[&str]) -> Value {
 pub fn scan(name: &str, f: &Fixture, env: &[&str]) -> std::process::Output {
     let component = guest(name).display().to_string();
     let (sys, dev) = (f.sys().display().to_string(), f.dev().display().to_string());
+    // One compile cache for every catalogue test: each scanner is compiled once per build.
+    let cache = format!("{}/test-compile-cache", env!("WDP_TARGET_DIR"));
     let mut args = vec![
         "scan",
         "--component",
@@ -34,6 +36,8 @@ pub fn scan(name: &str, f: &Fixture, env: &[&str]) -> std::process::Output {
         "--dev-root",
         &dev,
         "--once",
+        "--compile-cache",
+        &cache,
     ];
     for e in env {
         args.extend(["--env", e]);
