@@ -1,29 +1,59 @@
 # wdp: WebAssembly device plugins.
 #   make demo   build everything and serve this machine's devices to a kubelet stand-in
 #   make test   build everything, check formatting and lints, run every test
-# Both install what they need (the wasm32-wasip2 Rust target) on a fresh machine.
+# Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
+# guest toolchains: scripts/setup-toolchains.sh) on a fresh machine.
 
 CARGO ?= cargo
 GUEST_TARGET_DIR := target/guests
 GUEST_MANIFEST := guest-scanners/Cargo.toml
 GUEST_CARGO := $(CARGO) build --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --release --locked --target-dir $(GUEST_TARGET_DIR)
 WDP := target/debug/wdp
+# Guests in other languages (guest-scanners/{python,js,c}/<name>/), each built by
+# scripts/build-lang-guest.sh into target/guests/<lang>/<name>.wasm with the toolchains that
+# scripts/setup-toolchains.sh installs under target/tools.
+LANG_GUESTS := target/guests/python/hidraw.wasm target/guests/js/sound.wasm target/guests/c/v4l.wasm
+# Everything a language's build depends on besides the guest's own sources.
+PY_TOOLCHAIN := wit/device-plugin.wit guest-scanners/python/requirements.txt scripts/build-lang-guest.sh
+JS_TOOLCHAIN := wit/device-plugin.wit $(wildcard guest-scanners/js/wit/*.wit guest-scanners/js/wit/deps/*/*.wit) guest-scanners/js/package-lock.json scripts/build-lang-guest.sh
+C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-lang-guest.sh
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup build guests host test lint fuzz demo clean
+.PHONY: all setup setup-rust build guests rust-guests lang-guests host test test-lang-units lint fuzz demo bench clean
 
 all: build
 
-## setup: install what the build and tests need (idempotent): the wasm32-wasip2 target, and
-## Debian's docker-registry (a real OCI registry for the OCI tests, run on 127.0.0.1 by them)
-setup:
+## setup: install what the build and tests need (idempotent): the wasm32-wasip2 target, Debian's
+## docker-registry (a real OCI registry for the OCI tests, run on 127.0.0.1 by them), and the
+## Python/JavaScript/C guest toolchains, pinned (scripts/setup-toolchains.sh)
+setup: setup-rust
+	@scripts/setup-toolchains.sh
+
+## setup-rust: only what Rust guests and the host need (the wasm32-wasip2 target)
+setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	@command -v docker-registry >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null; }
 
-## guests: build every guest component (scanners, hooks, test guests) for wasm32-wasip2
-guests: setup
+## guests: build every guest component: the Rust workspace (scanners, hooks, test guests) for
+## wasm32-wasip2, and the Python, JavaScript and C guests
+guests: setup rust-guests
+	@$(MAKE) --no-print-directory lang-guests
+
+## rust-guests: the Rust guest workspace only (what `make demo` serves)
+rust-guests: setup-rust
 	$(GUEST_CARGO)
+
+lang-guests: $(LANG_GUESTS)
+
+# A guest is rebuilt when its sources or its toolchain change.
+.SECONDEXPANSION:
+target/guests/python/%.wasm: $$(wildcard guest-scanners/python/$$*/*.py) $(PY_TOOLCHAIN)
+	scripts/build-lang-guest.sh python $*
+target/guests/js/%.wasm: $$(wildcard guest-scanners/js/$$*/*.js) $(JS_TOOLCHAIN)
+	scripts/build-lang-guest.sh js $*
+target/guests/c/%.wasm: $$(wildcard guest-scanners/c/$$*/*.[ch]) $(C_TOOLCHAIN)
+	scripts/build-lang-guest.sh c $*
 
 ## host: build the wdp binary and the test targets in one go (dev profile, with an optimised
 ## wasm compiler): one feature resolution for both, so `make test` never compiles wasmtime twice
@@ -40,9 +70,18 @@ lint: setup
 	$(CARGO) clippy --locked --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --target-dir $(GUEST_TARGET_DIR) -- -D warnings
 
 ## test: everything CI runs
-test: build lint
+test: build lint test-lang-units
 	$(CARGO) test --locked --manifest-path $(GUEST_MANIFEST) --target-dir $(GUEST_TARGET_DIR)
 	$(CARGO) test --locked --workspace
+
+## test-lang-units: the Python, JavaScript and C guests' own unit tests, on the build machine
+## (their logic, without the host; tests/tests/languages.rs runs the components themselves)
+test-lang-units:
+	PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s guest-scanners/python/hidraw -p 'test_*.py'
+	node --test --test-reporter=spec guest-scanners/js/
+	@mkdir -p target/guests/c
+	cc -std=c11 -Wall -Wextra -Werror -o target/guests/c/test_v4l_logic guest-scanners/c/v4l/test_v4l_logic.c guest-scanners/c/v4l/v4l_logic.c
+	target/guests/c/test_v4l_logic
 
 ## fuzz: the property tests behind the fuzzing claims, with many more cases than `make test`
 ## (FUZZ_CASES, default 50000; FUZZ_SEED picks another fixed seed)
@@ -50,9 +89,27 @@ FUZZ_CASES ?= 50000
 fuzz:
 	WDP_FUZZ_CASES=$(FUZZ_CASES) $(if $(FUZZ_SEED),WDP_FUZZ_SEED=$(FUZZ_SEED)) $(CARGO) test --locked -p wdp --lib fuzz
 
-## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in
-demo: build
+## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in (the bundled
+## Rust scanners: no other toolchain is installed for it)
+demo: rust-guests host
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
+
+## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
+## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native)
+## and the criterion micro-benchmarks; writes bench/RESULTS.md. Runs as root (fixture device
+## nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
+## bench/NOTES.md); BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
+BENCH_ARGS ?=
+bench:
+	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	@mkdir -p target/perf
+	@start=$$(date +%s); \
+	$(GUEST_CARGO) && \
+	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
+	$(CARGO) build --locked --profile perf -p wdp -p wdp-bench --bins --benches && \
+	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
+	CRITERION_HOME=$(CURDIR)/target/criterion $(CARGO) bench --locked --profile perf -p wdp-bench --bench micro
+	target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean
