@@ -124,7 +124,8 @@ fn run_config(f: &Fixture, scanner_yaml: &str, components: &[&Path]) -> (PathBuf
         .unwrap()
         .filter_map(Result::ok)
     {
-        if entry.path().extension().is_some_and(|e| e == "cwasm") {
+        // `<key>.cwasm` and its `<key>.cwasm.sha256`; not temporary files being written.
+        if entry.file_name().to_string_lossy().contains(".cwasm") {
             std::fs::copy(entry.path(), seed.join(entry.file_name())).unwrap();
         }
     }

@@ -281,11 +281,19 @@ fn compiled_components_are_cached_and_checked() {
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    assert_eq!(
+        entries.len(),
+        2,
+        "the payload and its checksum: {entries:?}"
+    );
+    let payload = entries
+        .iter()
+        .find(|p| p.extension().is_some_and(|e| e == "cwasm"))
+        .expect("a .cwasm entry");
+    let mut bytes = std::fs::read(payload).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x55;
-    std::fs::write(&entries[0], bytes).unwrap();
+    std::fs::write(payload, bytes).unwrap();
     let third = logs(&run());
     assert!(
         third.contains("cache entry rejected; recompiling") && third.contains("checksum mismatch"),

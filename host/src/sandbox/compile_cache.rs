@@ -6,13 +6,18 @@
 //! compiler settings, CPU features), so a restart loads in milliseconds and any change of engine
 //! simply misses.
 //!
-//! An entry is `<sha256 of the payload><payload>`. It is trusted only after the checksum matches
-//! and wasmtime accepts it; a corrupt, truncated or stale entry is logged, removed and rebuilt.
-//! Loading compiled code is `unsafe` in wasmtime because it is executable code: the cache
-//! directory must be writable by the host alone (it is created 0700).
+//! An entry is two files: `<key>.cwasm`, exactly what `Component::serialize` wrote, and
+//! `<key>.cwasm.sha256`, its checksum. It is trusted only after the checksum matches and wasmtime
+//! accepts it; a corrupt, truncated or stale entry is logged, removed and rebuilt. The payload is
+//! a file of its own so that wasmtime can map it (`deserialize_file`) instead of copying it into
+//! anonymous memory: the compiled code of every scanner is then shared, file-backed memory of
+//! which only the pages in use are resident. Loading compiled code is `unsafe` in wasmtime because
+//! it is executable code: the cache directory must be writable by the host alone (it is created
+//! 0700; a file replaced there after its checksum was checked would be trusted, and only the host
+//! or root can replace it).
 
 use std::hash::{Hash, Hasher};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -76,12 +81,13 @@ impl CompileCache {
     ) -> wasmtime::Result<(Component, CacheOutcome)> {
         let path = self.entry_path(engine, bytes);
         let mut outcome = CacheOutcome::Miss;
-        if let Ok(entry) = std::fs::read(&path) {
-            match self.read_entry(engine, &entry) {
+        if path.exists() {
+            match open_entry(engine, &path) {
                 Ok(component) => return Ok((component, CacheOutcome::Hit)),
                 Err(reason) => {
                     tracing::warn!(path = %path.display(), %reason, "compiled-component cache entry rejected; recompiling");
                     let _ = std::fs::remove_file(&path);
+                    let _ = std::fs::remove_file(sum_path(&path));
                     outcome = CacheOutcome::Rebuilt;
                 }
             }
@@ -94,37 +100,58 @@ impl CompileCache {
         Ok((component, outcome))
     }
 
-    fn read_entry(&self, engine: &Engine, entry: &[u8]) -> Result<Component, String> {
-        if entry.len() < 32 {
-            return Err("truncated".into());
-        }
-        let (sum, payload) = entry.split_at(32);
-        if Sha256::digest(payload).as_slice() != sum {
-            return Err("checksum mismatch".into());
-        }
-        // SAFETY: the payload is what `Component::serialize` wrote into a directory only this
-        // host may write (0700), and its checksum matches; wasmtime itself refuses payloads from
-        // another version or configuration.
-        unsafe { Component::deserialize(engine, payload) }.map_err(|e| format!("{e}"))
-    }
-
+    /// Writes the payload, then its checksum, each to a temporary name renamed into place: a
+    /// crash between the two leaves a mismatch, which is rebuilt.
     fn store(&self, path: &Path, payload: &[u8]) -> std::io::Result<()> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(&Sha256::digest(payload))?;
-        file.write_all(payload)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        write_synced(path, payload)?;
+        write_synced(&sum_path(path), hex(&Sha256::digest(payload)).as_bytes())
     }
+}
+
+/// The checksum file of the entry at `path`.
+fn sum_path(path: &Path) -> PathBuf {
+    path.with_extension("cwasm.sha256")
+}
+
+/// Checks the entry's checksum (streaming: a 35 MB Python entry is never held in memory), then
+/// maps it.
+fn open_entry(engine: &Engine, path: &Path) -> Result<Component, String> {
+    let want = std::fs::read_to_string(sum_path(path)).map_err(|e| format!("checksum: {e}"))?;
+    let mut hasher = Sha256::new();
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&chunk[..n]);
+    }
+    if hex(&hasher.finalize()) != want.trim() {
+        return Err("checksum mismatch".into());
+    }
+    // SAFETY: the file is what `Component::serialize` wrote into a directory only this host may
+    // write (0700), and its checksum matches; wasmtime itself refuses payloads from another
+    // version or configuration. It is not modified while mapped: entries are only ever replaced
+    // by rename, which leaves the mapped file intact.
+    unsafe { Component::deserialize_file(engine, path) }.map_err(|e| format!("{e}"))
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
@@ -164,6 +191,12 @@ mod tests {
         assert_eq!(
             cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
             CacheOutcome::Rebuilt
+        );
+        std::fs::remove_file(sum_path(&path)).unwrap();
+        assert_eq!(
+            cache.load(&engine, EMPTY_COMPONENT).unwrap().1,
+            CacheOutcome::Rebuilt,
+            "no checksum, no trust"
         );
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join("c"))
