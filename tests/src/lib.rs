@@ -243,3 +243,18 @@ pub fn kernel_uevent() {
     std::fs::write("/sys/devices/virtual/mem/null/uevent", "change")
         .expect("write /sys/devices/virtual/mem/null/uevent (tests run as root)");
 }
+
+/// One container's device specs from an Allocate answer, as `(host path, container path,
+/// permissions)` in answer order: what Allocate tests compare.
+pub fn node_specs(c: &wdp::kubelet::api::ContainerAllocateResponse) -> Vec<(&str, &str, &str)> {
+    c.devices
+        .iter()
+        .map(|d| {
+            (
+                d.host_path.as_str(),
+                d.container_path.as_str(),
+                d.permissions.as_str(),
+            )
+        })
+        .collect()
+}

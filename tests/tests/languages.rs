@@ -350,17 +350,7 @@ async fn python_hidraw_serves_kubelet_follows_hotplug_and_allocates() {
         .await
         .unwrap();
     let c = &r.container_responses[0];
-    let nodes: Vec<_> = c
-        .devices
-        .iter()
-        .map(|d| {
-            (
-                d.host_path.as_str(),
-                d.container_path.as_str(),
-                d.permissions.as_str(),
-            )
-        })
-        .collect();
+    let nodes = wdp_tests::node_specs(&c);
     assert_eq!(nodes, [("/dev/hidraw2", "/dev/hidraw2", "rw")]);
     assert_eq!(
         sorted_envs(&c.annotations),
@@ -685,17 +675,7 @@ async fn c_v4l_serves_kubelet_follows_hotplug_and_allocates() {
         .allocate("video.example.com/video", &["1-7:1.0"])
         .await
         .unwrap();
-    let nodes: Vec<_> = r.container_responses[0]
-        .devices
-        .iter()
-        .map(|d| {
-            (
-                d.host_path.as_str(),
-                d.container_path.as_str(),
-                d.permissions.as_str(),
-            )
-        })
-        .collect();
+    let nodes = wdp_tests::node_specs(&r.container_responses[0]);
     assert_eq!(
         nodes,
         [

@@ -238,12 +238,7 @@ struct Guest;
 
 impl Machine for Guest {
     fn glob(&self, pattern: &str) -> Vec<String> {
-        // The pattern comes from a validated setting; a bad one would match nothing.
-        sysfs::glob_sys(pattern)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.path)
-            .collect()
+        sysfs::glob_paths(pattern)
     }
     fn read_attr(&self, path: &str) -> Option<String> {
         sysfs::read_attr(path)

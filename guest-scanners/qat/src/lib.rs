@@ -65,12 +65,7 @@ struct Guest;
 
 impl Machine for Guest {
     fn glob(&self, pattern: &str) -> Vec<String> {
-        // Patterns are built from validated settings and sysfs names; a bad one matches nothing.
-        sysfs::glob_sys(pattern)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.path)
-            .collect()
+        sysfs::glob_paths(pattern)
     }
     fn resolve(&self, path: &str) -> Option<String> {
         sysfs::resolve(path)

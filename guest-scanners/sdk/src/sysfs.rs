@@ -136,6 +136,16 @@ impl DirSource for StdFs {
     }
 }
 
+/// The paths matching `pattern` under /sys, sorted, for patterns that are constants or were
+/// validated with the configuration: an invalid one matches nothing.
+pub fn glob_paths(pattern: &str) -> Vec<String> {
+    glob_sys(pattern)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.path)
+        .collect()
+}
+
 /// Checks that `pattern` is a valid glob under /sys (no `..`).
 pub fn check_sys_pattern(pattern: &str) -> Result<(), String> {
     if pattern != "/sys" && !pattern.starts_with("/sys/") {

@@ -334,17 +334,7 @@ async fn allocate_gives_the_gpu_nodes_and_its_bypath_links() {
         .unwrap();
     assert_eq!(r.container_responses.len(), 1);
     let c = &r.container_responses[0];
-    let nodes: Vec<(&str, &str, &str)> = c
-        .devices
-        .iter()
-        .map(|d| {
-            (
-                d.host_path.as_str(),
-                d.container_path.as_str(),
-                d.permissions.as_str(),
-            )
-        })
-        .collect();
+    let nodes = wdp_tests::node_specs(&c);
     assert_eq!(
         nodes,
         [

@@ -223,17 +223,7 @@ async fn disabled_queue_turns_unhealthy_and_allocate_gives_its_nodes() {
         .await
         .unwrap();
     let c = &r.container_responses[0];
-    let nodes: Vec<(&str, &str, &str)> = c
-        .devices
-        .iter()
-        .map(|d| {
-            (
-                d.host_path.as_str(),
-                d.container_path.as_str(),
-                d.permissions.as_str(),
-            )
-        })
-        .collect();
+    let nodes = wdp_tests::node_specs(&c);
     assert_eq!(
         nodes,
         [
