@@ -350,7 +350,7 @@ async fn python_hidraw_serves_kubelet_follows_hotplug_and_allocates() {
         .await
         .unwrap();
     let c = &r.container_responses[0];
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     assert_eq!(nodes, [("/dev/hidraw2", "/dev/hidraw2", "rw")]);
     assert_eq!(
         sorted_envs(&c.annotations),

@@ -119,7 +119,7 @@ async fn vfs_are_allocated_and_a_pf_turns_unhealthy_when_its_vfs_take_over() {
 
     let r = kubelet.allocate(vf, &["/dev/dlb3"]).await.unwrap();
     let c = &r.container_responses[0];
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     assert_eq!(nodes, [("/dev/dlb3", "/dev/dlb3", "rw")]);
     assert!(c.mounts.is_empty() && c.envs.is_empty() && c.annotations.is_empty());
 

@@ -334,7 +334,7 @@ async fn allocate_gives_the_gpu_nodes_and_its_bypath_links() {
         .unwrap();
     assert_eq!(r.container_responses.len(), 1);
     let c = &r.container_responses[0];
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     assert_eq!(
         nodes,
         [

@@ -223,7 +223,7 @@ async fn disabled_queue_turns_unhealthy_and_allocate_gives_its_nodes() {
         .await
         .unwrap();
     let c = &r.container_responses[0];
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     assert_eq!(
         nodes,
         [

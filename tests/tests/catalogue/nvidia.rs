@@ -193,7 +193,7 @@ async fn nvidia_allocate_sets_visible_devices_per_container() {
     let r = kubelet.allocate(RESOURCE, &[RTX, A100]).await.unwrap();
     assert_eq!(r.container_responses.len(), 1);
     let c = &r.container_responses[0];
-    let paths = wdp_tests::node_specs(&c);
+    let paths = wdp_tests::node_specs(c);
     let mut want: Vec<(&str, &str, &str)> = CONTROL.iter().map(|p| (*p, *p, "rw")).collect();
     want.extend([
         ("/dev/nvidia1", "/dev/nvidia1", "rw"),

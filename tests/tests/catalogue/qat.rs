@@ -400,7 +400,7 @@ async fn allocate_renumbers_envs_per_container() {
         .collect();
     envs.sort();
     assert_eq!(envs, [("QAT0", "0000:6b:00.1"), ("QAT1", "0000:6b:00.3")]);
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     assert_eq!(
         nodes,
         [

@@ -166,7 +166,7 @@ async fn allocate_and_a_vanished_node_turns_unhealthy() {
         .await
         .unwrap();
     let c = &r.container_responses[0];
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     // Both devices share one node: kubelet gets it once.
     assert_eq!(nodes, [("/dev/sgx_enclave", "/dev/sgx_enclave", "rw")]);
     assert!(c.mounts.is_empty() && c.envs.is_empty() && c.annotations.is_empty());

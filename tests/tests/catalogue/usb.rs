@@ -254,7 +254,7 @@ async fn usb_replug_keeps_the_id_and_allocates_the_new_node() {
 
     let r = kubelet.allocate(resource, &[ftdi, key]).await.unwrap();
     let c = &r.container_responses[0];
-    let nodes = wdp_tests::node_specs(&c);
+    let nodes = wdp_tests::node_specs(c);
     assert_eq!(
         nodes,
         [
