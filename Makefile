@@ -20,7 +20,7 @@ C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-l
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust build guests rust-guests lang-guests host test test-lang-units lint fuzz demo clean
+.PHONY: all setup setup-rust build guests rust-guests lang-guests host test test-lang-units lint fuzz demo bench clean
 
 all: build
 
@@ -93,6 +93,23 @@ fuzz:
 ## Rust scanners: no other toolchain is installed for it)
 demo: rust-guests host
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
+
+## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
+## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native)
+## and the criterion micro-benchmarks; writes bench/RESULTS.md. Runs as root (fixture device
+## nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
+## bench/NOTES.md); BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
+BENCH_ARGS ?=
+bench:
+	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	@mkdir -p target/perf
+	@start=$$(date +%s); \
+	$(GUEST_CARGO) && \
+	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
+	$(CARGO) build --locked --profile perf -p wdp -p wdp-bench --bin wdp --bin wdp-bench --bench micro && \
+	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
+	CRITERION_HOME=$(CURDIR)/target/criterion $(CARGO) bench --locked --profile perf -p wdp-bench --bench micro
+	target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

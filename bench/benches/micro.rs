@@ -1,0 +1,249 @@
+//! Criterion micro-benchmarks of the host's hot paths, on fixture trees with real device nodes
+//! (mknod: run as root). `make bench` runs them with short warm-up and measurement times and the
+//! driver copies the results into `bench/RESULTS.md`.
+//!
+//! The 10,000-device rows are the steps a notified tree goes through before kubelet sees it:
+//! validation (`DeviceTree::from_guest`), the policy (which stats every node), NUMA derivation,
+//! the manager's diff and the copies it makes, and the ListAndWatch message.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use prost::Message;
+use wdp::allocate::{self, ContainerResponse};
+use wdp::kubelet::api;
+use wdp::policy::Policy;
+use wdp::sandbox::devfs::DevFs;
+use wdp::topology::Topology;
+use wdp::tree::{DeviceGroup, DeviceTree};
+use wdp_bench::fixtures::{self, Fixture};
+
+const BULK: usize = 10_000;
+
+/// What the host's `to_list` sends (server.rs): one ListAndWatch message for a group.
+fn list_message(devices: &DeviceGroup) -> api::ListAndWatchResponse {
+    api::ListAndWatchResponse {
+        devices: devices
+            .iter()
+            .map(|(id, info)| api::Device {
+                id: id.clone(),
+                health: info.health.as_str().into(),
+                topology: info.numa_nodes.as_ref().map(|nodes| api::TopologyInfo {
+                    nodes: nodes
+                        .iter()
+                        .map(|&n| api::NumaNode { id: n.into() })
+                        .collect(),
+                }),
+            })
+            .collect(),
+    }
+}
+
+fn ten_thousand(c: &mut Criterion) {
+    let f = Fixture::new();
+    fixtures::bulk(&f, "bulk", BULK);
+    let devfs = DevFs::open(&f.dev()).expect("dev root");
+    let topology = Topology::new(&f.sys());
+    let policy = Policy::default();
+    let groups = fixtures::synthetic_tree("bulk", "bulk", BULK, false);
+
+    c.bench_function("tree/from_guest 10k devices", |b| {
+        b.iter_batched(
+            || groups.clone(),
+            |g| DeviceTree::from_guest(g).expect("valid"),
+            BatchSize::LargeInput,
+        )
+    });
+    c.bench_function("policy/check_tree 10k devices (node-exists stats)", |b| {
+        b.iter_batched(
+            || groups.clone(),
+            |g| policy.check_tree(g, &devfs).expect("valid"),
+            BatchSize::LargeInput,
+        )
+    });
+    let tree = policy.check_tree(groups.clone(), &devfs).expect("valid");
+    c.bench_function("topology/fill 10k devices (no sysfs entry)", |b| {
+        b.iter_batched(
+            || tree.clone(),
+            |mut t| {
+                topology.fill(&mut t, &devfs);
+                t
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    let mut changed = tree.clone();
+    if let Some(group) = changed.0.get_mut("bulk") {
+        let (id, mut info) = group.pop_last().expect("devices");
+        info.health = wdp::tree::Health::Unhealthy;
+        group.insert(id, info);
+    }
+    c.bench_function("manager/diff 10k devices, one changed", |b| {
+        b.iter(|| wdp::manager::diff(black_box(&tree), black_box(&changed)))
+    });
+    let group = &tree.0["bulk"];
+    c.bench_function("manager/clone of a 10k group (apply makes two)", |b| {
+        b.iter(|| black_box(group).clone())
+    });
+    c.bench_function("listandwatch/build + encode 10k devices", |b| {
+        b.iter(|| list_message(black_box(group)).encode_to_vec())
+    });
+    let bytes = list_message(group).encode_to_vec();
+    c.bench_function("listandwatch/decode 10k devices (kubelet's side)", |b| {
+        b.iter(|| api::ListAndWatchResponse::decode(black_box(bytes.as_slice())).expect("decode"))
+    });
+}
+
+fn allocate_and_devfs(c: &mut Criterion) {
+    let f = Fixture::new();
+    fixtures::bulk(&f, "bench", 1000);
+    let devfs = DevFs::open(&f.dev()).expect("dev root");
+    let policy = Policy::default();
+    let tree = policy
+        .check_tree(
+            fixtures::synthetic_tree("bench", "bench", 1000, false),
+            &devfs,
+        )
+        .expect("valid");
+    let group = &tree.0["bench"];
+    for n in [1usize, 8] {
+        let request = api::ContainerAllocateRequest {
+            devices_ids: (0..n).map(|i| format!("bench_d{i}")).collect(),
+        };
+        let requests = vec![request];
+        c.bench_function(
+            &format!("allocate/default response + proto encode, {n} device(s)"),
+            |b| {
+                b.iter(|| {
+                    let responses =
+                        allocate::default_responses("bench.wdp.dev/bench", group, &requests)
+                            .expect("known ids");
+                    api::AllocateResponse {
+                        container_responses: responses
+                            .into_iter()
+                            .map(ContainerResponse::into_proto)
+                            .collect(),
+                    }
+                    .encode_to_vec()
+                })
+            },
+        );
+    }
+    c.bench_function("devfs/stat one node", |b| {
+        b.iter(|| devfs.stat(black_box("/dev/bench/d500")).expect("stat"))
+    });
+    c.bench_function("devfs/read_dir 1000 nodes", |b| {
+        b.iter(|| devfs.read_dir(black_box("/dev/bench")).expect("read_dir"))
+    });
+}
+
+/// A hook's store state: WASI only (a post-allocator imports nothing else).
+struct HookState {
+    ctx: wasmtime_wasi::WasiCtx,
+    table: wasmtime::component::ResourceTable,
+}
+
+impl wasmtime_wasi::WasiView for HookState {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        wasmtime_wasi::WasiCtxView {
+            ctx: &mut self.ctx,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// The host's engine settings (sandbox/engine.rs), with on-demand (the host's) or pooling
+/// instance allocation.
+fn hook_engine(pooling: bool) -> wasmtime::Engine {
+    let mut config = wasmtime::Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(1 << 20)
+        .cranelift_opt_level(wasmtime::OptLevel::Speed);
+    if pooling {
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        pool.total_component_instances(64)
+            .total_core_instances(512)
+            .total_memories(128)
+            .total_tables(256)
+            .total_stacks(64)
+            .max_memories_per_component(4)
+            .max_tables_per_component(8)
+            .max_core_instances_per_component(16)
+            .max_memory_size(64 << 20);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
+    wasmtime::Engine::new(&config).expect("engine")
+}
+
+/// What the Allocate path pays per hooked call (hooks.rs: a fresh store and instance per call),
+/// with the host's on-demand allocator and with wasmtime's pooling allocator.
+fn hook_instantiation(c: &mut Criterion) {
+    use wdp::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
+    use wdp::sandbox::bindings::types as wit;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let component_path = wdp_tests::guest("test_hooks");
+    let requests = vec![wit::ContainerAllocateRequest {
+        device_ids: vec!["ttyUSB0".into()],
+    }];
+    let responses = vec![wit::ContainerAllocateResponse {
+        envs: vec![("QAT3".into(), "x".into())],
+        mounts: Vec::new(),
+        devices: vec![wit::DeviceSpec {
+            container_path: "/dev/ttyUSB0".into(),
+            host_path: "/dev/ttyUSB0".into(),
+            permissions: "rw".into(),
+        }],
+        annotations: Vec::new(),
+        cdi_devices: Vec::new(),
+    }];
+    for (name, pooling) in [("on-demand (as the host)", false), ("pooling", true)] {
+        let engine = hook_engine(pooling);
+        let component =
+            wasmtime::component::Component::from_file(&engine, &component_path).expect("compile");
+        let mut linker = wasmtime::component::Linker::<HookState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("wasi");
+        let pre = PostAllocatorPluginPre::new(linker.instantiate_pre(&component).expect("link"))
+            .expect("exports post-allocator");
+        c.bench_function(
+            &format!("hook/fresh store + instantiate + post-allocate, {name}"),
+            |b| {
+                b.iter(|| {
+                    rt.block_on(async {
+                        let state = HookState {
+                            ctx: wasmtime_wasi::WasiCtxBuilder::new().build(),
+                            table: Default::default(),
+                        };
+                        let mut store = wasmtime::Store::new(&engine, state);
+                        store.set_epoch_deadline(u64::MAX / 2);
+                        let hook = pre.instantiate_async(&mut store).await.expect("instance");
+                        hook.wdp_device_plugin_post_allocator()
+                            .call_post_allocate(&mut store, "serial", &requests, &responses)
+                            .await
+                            .expect("call")
+                            .expect("hook answer")
+                    })
+                })
+            },
+        );
+    }
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = ten_thousand, allocate_and_devfs, hook_instantiation
+}
+criterion_main!(benches);
