@@ -7,6 +7,63 @@ use wdp::sandbox::bindings::types as wit;
 
 pub use wdp_tests::fixture::Fixture;
 
+/// A fixture whose dev root is a tmpfs, as a node's `/dev` is (devtmpfs). On the disk file system
+/// of the temp directory (ext4 here) listing and stat-ing 10,000 nodes costs several times more
+/// (its directory index and inode reads were the top of the 10,000-device profile), which would
+/// measure the disk, not wdp. Falls back to the temp directory, saying so, where mounting fails.
+pub struct BenchFixture {
+    /// The mounted dev root, unmounted first on drop (before the fixture removes its files).
+    tmpfs: Option<PathBuf>,
+    fixture: Fixture,
+}
+
+impl BenchFixture {
+    /// A new fixture, its dev root on a fresh tmpfs when this process may mount one.
+    pub fn new() -> Self {
+        let fixture = Fixture::new();
+        let dev = fixture.dev();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=755", "wdp-bench-dev"])
+            .arg(&dev)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!(
+                "wdp-bench: cannot mount a tmpfs on {}; device nodes stay on the temp directory's file system",
+                dev.display()
+            );
+        }
+        BenchFixture {
+            tmpfs: mounted.then_some(dev),
+            fixture,
+        }
+    }
+}
+
+impl Default for BenchFixture {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::ops::Deref for BenchFixture {
+    type Target = Fixture;
+    fn deref(&self) -> &Fixture {
+        &self.fixture
+    }
+}
+
+impl Drop for BenchFixture {
+    fn drop(&mut self) {
+        if let Some(dev) = &self.tmpfs {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(dev)
+                .status();
+        }
+    }
+}
+
 /// Major number of the bulk fixture nodes (240-254 are reserved for local use).
 pub const BULK_MAJOR: u32 = 240;
 
@@ -101,6 +158,29 @@ pub fn demo_config(f: &Fixture) -> (PathBuf, String) {
     let path = f.path().join("demo.yaml");
     std::fs::write(&path, &text).expect("write demo config");
     (path, text)
+}
+
+/// The 10 resources the demo configuration serves over a fixture holding all its nodes.
+pub fn demo_resources() -> Vec<String> {
+    let mut r: Vec<String> = ["kvm", "tun", "vhost-net", "fuse"]
+        .iter()
+        .map(|t| format!("devices.wdp.dev/{t}"))
+        .collect();
+    r.extend(
+        ["serial", "null", "zero", "full", "urandom", "tty"]
+            .iter()
+            .map(|t| format!("generic.wdp.dev/{t}")),
+    );
+    r
+}
+
+/// A fixture holding every [`DEMO_NODES`] node and the demo configuration; returns it with the
+/// configuration's path.
+pub fn demo_fixture() -> (BenchFixture, PathBuf) {
+    let f = BenchFixture::new();
+    demo_nodes(&f);
+    let (config, _) = demo_config(&f);
+    (f, config)
 }
 
 /// A tree of one type `dev_type` with `n` devices `<dir>_d<i>`, one node `/dev/<dir>/d<i>` each

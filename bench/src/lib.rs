@@ -2,7 +2,7 @@
 //!
 //! * `benches/micro.rs`: criterion micro-benchmarks of the host's hot paths (tree validation and
 //!   diffing of 10,000 devices, ListAndWatch and Allocate messages, devfs calls).
-//! * `src/main.rs`: the end-to-end driver. It runs `wdp run` as a child process against the kubelet
+//! * `src/main.rs` and `src/scenarios/`: the end-to-end driver. It runs `wdp run` as a child process against the kubelet
 //!   stand-in over real Unix sockets, on fixture trees with real device nodes (mknod: run as root),
 //!   measures every row of the table and writes `bench/RESULTS.md`.
 //!

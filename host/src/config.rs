@@ -369,6 +369,145 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
     Ok(Config { scanners, oci })
 }
 
+/// What a running scanner was built from. Two equal identities run the same thing, so a reload
+/// leaves that scanner (its guest, its sockets, its kubelet streams) alone; any difference
+/// restarts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScannerIdentity {
+    pub config: ScannerConfig,
+    /// sha256 (hex) of the local component file: a component rebuilt in place is a change.
+    /// None for an `oci://` component, which is compared by its reference as written.
+    pub component_sha256: Option<String>,
+    /// The same for the post-allocator file.
+    pub post_allocator_sha256: Option<String>,
+    /// The `oci:` settings, when a component of this scanner is fetched from a registry: they
+    /// decide how it is fetched and checked, so changing them re-fetches it.
+    pub oci: Option<OciConfig>,
+}
+
+impl ScannerIdentity {
+    /// An identity for `config` under the file's `oci` settings, with the given file digests.
+    pub fn new(
+        config: ScannerConfig,
+        oci: &OciConfig,
+        component_sha256: Option<String>,
+        post_allocator_sha256: Option<String>,
+    ) -> Self {
+        let from_registry = matches!(config.component, ComponentSource::Oci(_))
+            || matches!(config.post_allocator, Some(ComponentSource::Oci(_)));
+        ScannerIdentity {
+            config,
+            component_sha256,
+            post_allocator_sha256,
+            oci: from_registry.then(|| oci.clone()),
+        }
+    }
+
+    /// The config keys in which `new` differs from `self`, in config order; empty: unchanged.
+    pub fn changes(&self, new: &ScannerIdentity) -> Vec<&'static str> {
+        let (a, b) = (&self.config, &new.config);
+        let mut keys = Vec::new();
+        let mut check = |differs: bool, key: &'static str| {
+            if differs {
+                keys.push(key);
+            }
+        };
+        check(a.component != b.component, "component");
+        check(
+            a.component == b.component && self.component_sha256 != new.component_sha256,
+            "component contents",
+        );
+        check(a.namespace != b.namespace, "namespace");
+        check(a.env != b.env, "env");
+        check(a.post_allocator != b.post_allocator, "post-allocator");
+        check(
+            a.post_allocator == b.post_allocator
+                && self.post_allocator_sha256 != new.post_allocator_sha256,
+            "post-allocator contents",
+        );
+        check(a.verify_key != b.verify_key, "verify-key");
+        check(a.limits != b.limits, "limits");
+        check(a.policy != b.policy, "policy");
+        check(a.cdi != b.cdi, "cdi");
+        check(self.oci != new.oci, "oci");
+        keys
+    }
+}
+
+/// How a new config differs from the running scanners, by scanner name. A renamed scanner is
+/// one removed and one added.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ConfigDiff {
+    /// In the new file's order.
+    pub added: Vec<String>,
+    /// Sorted.
+    pub removed: Vec<String>,
+    /// In the new file's order, each with the keys that differ.
+    pub changed: Vec<(String, Vec<&'static str>)>,
+    /// In the new file's order.
+    pub unchanged: Vec<String>,
+}
+
+impl ConfigDiff {
+    /// Compares the `running` scanners with the scanners of a new config.
+    pub fn new<'a>(
+        running: impl IntoIterator<Item = (&'a str, &'a ScannerIdentity)>,
+        new: &[ScannerIdentity],
+    ) -> Self {
+        let running: BTreeMap<&str, &ScannerIdentity> = running.into_iter().collect();
+        let mut d = ConfigDiff::default();
+        for identity in new {
+            let name = &identity.config.name;
+            match running.get(name.as_str()) {
+                None => d.added.push(name.clone()),
+                Some(old) => {
+                    let keys = old.changes(identity);
+                    if keys.is_empty() {
+                        d.unchanged.push(name.clone());
+                    } else {
+                        d.changed.push((name.clone(), keys));
+                    }
+                }
+            }
+        }
+        let kept: HashSet<&str> = new.iter().map(|i| i.config.name.as_str()).collect();
+        d.removed = running
+            .keys()
+            .filter(|name| !kept.contains(*name))
+            .map(|name| name.to_string())
+            .collect();
+        d
+    }
+
+    /// True when a scanner must be started: added or changed.
+    pub fn starts(&self, name: &str) -> bool {
+        self.added.iter().any(|n| n == name) || self.changed.iter().any(|(n, _)| n == name)
+    }
+
+    /// Scanners to stop, before any is started: removed and changed.
+    pub fn stops(&self) -> impl Iterator<Item = &str> {
+        self.removed
+            .iter()
+            .map(String::as_str)
+            .chain(self.changed.iter().map(|(n, _)| n.as_str()))
+    }
+}
+
+/// `added [a], removed [b], changed [c], unchanged [d]`: the reload log line.
+impl std::fmt::Display for ConfigDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let changed: Vec<&str> = self.changed.iter().map(|(n, _)| n.as_str()).collect();
+        write!(
+            f,
+            "added [{}], removed [{}], changed [{}], unchanged [{}]",
+            self.added.join(", "),
+            self.removed.join(", "),
+            changed.join(", "),
+            self.unchanged.join(", ")
+        )
+    }
+}
+
 fn resolve(base: &Path, p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -392,7 +531,93 @@ fn is_namespace(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
     use std::time::Duration;
+
+    /// The fields a config struct accepts, as serde's `deny_unknown_fields` lists them.
+    fn fields<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> Vec<String> {
+        let err = serde_yaml_ng::from_str::<T>("zz-not-a-key: 1")
+            .unwrap_err()
+            .to_string();
+        let (_, expected) = err
+            .split_once("expected ")
+            .unwrap_or_else(|| panic!("{err}"));
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect()
+    }
+
+    /// The README's config reference (its example and its key table) says exactly what the
+    /// parser accepts: a key added to the code and not to the table, or the reverse, fails here.
+    #[test]
+    fn readme_config_reference_matches_the_parser() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+            .expect("README.md");
+        let section = |name: &str| {
+            let begin = format!("<!-- {name}:begin -->");
+            let end = format!("<!-- {name}:end -->");
+            let start = readme.find(&begin).map(|i| i + begin.len());
+            let stop = readme.find(&end);
+            match (start, stop) {
+                (Some(a), Some(b)) if a < b => readme[a..b].to_string(),
+                _ => panic!("README.md has no {begin} ... {end} section"),
+            }
+        };
+
+        let mut code: BTreeSet<String> = BTreeSet::from(["scanners".to_string()]);
+        code.extend(fields::<RawOci>().iter().map(|f| format!("oci.{f}")));
+        for f in fields::<RawScanner>() {
+            match f.as_str() {
+                "limits" => code.extend(fields::<RawLimits>().iter().map(|g| format!("{f}.{g}"))),
+                "policy" => code.extend(fields::<RawPolicy>().iter().map(|g| format!("{f}.{g}"))),
+                "cdi" => code.extend(fields::<RawCdi>().iter().map(|g| format!("{f}.{g}"))),
+                _ => {
+                    code.insert(f);
+                }
+            }
+        }
+        assert_eq!(
+            fields::<RawConfig>(),
+            ["scanners", "oci"],
+            "a new top-level key: teach this test its place"
+        );
+
+        let table = section("config-keys");
+        let documented: BTreeSet<String> = table
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .flat_map(|l| {
+                let first = l.split('|').nth(1).unwrap_or_default();
+                first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            documented, code,
+            "README.md's config key table against the parser"
+        );
+
+        // The example parses as it stands (its two component files made to exist).
+        let example = section("config-example");
+        let yaml = example
+            .split_once("```yaml")
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(yaml, _)| yaml)
+            .expect("a yaml block");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("path/to")).unwrap();
+        std::fs::write(dir.path().join("path/to/kvm.wasm"), b"").unwrap();
+        std::fs::write(dir.path().join("path/to/hook.wasm"), b"").unwrap();
+        let config = parse(yaml, Path::new("README.md"), dir.path()).expect("the README example");
+        assert_eq!(config.scanners.len(), 1);
+    }
 
     fn with_files(yaml: &str) -> Result<Config, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
@@ -507,6 +732,107 @@ mod tests {
             assert!(err.starts_with("config wdp.yaml: "), "{err}");
             assert!(err.contains(needle), "{err:?} should contain {needle:?}");
         }
+    }
+
+    /// Parses `yaml` against one directory for the whole test binary, so that the same
+    /// relative path is the same component path in every identity compared.
+    fn in_shared_dir(yaml: &str) -> Config {
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        let dir = DIR.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("kvm.wasm"), b"").unwrap();
+            std::fs::write(dir.path().join("hook.wasm"), b"").unwrap();
+            dir
+        });
+        parse(yaml, Path::new("wdp.yaml"), dir.path()).unwrap()
+    }
+
+    fn identity(yaml_scanner: &str, sha: &str) -> ScannerIdentity {
+        let c = in_shared_dir(&format!("scanners:\n  - {yaml_scanner}\n"));
+        let s = c.scanners.into_iter().next().unwrap();
+        ScannerIdentity::new(s, &c.oci, Some(sha.into()), None)
+    }
+
+    #[test]
+    fn diff_by_name_and_identity() {
+        let a = identity("{name: a, component: kvm.wasm, namespace: a.io}", "1");
+        let b = identity("{name: b, component: kvm.wasm, namespace: b.io}", "1");
+        let c = identity("{name: c, component: kvm.wasm, namespace: c.io}", "1");
+        let running = [("a", &a), ("b", &b), ("c", &c)];
+        let b2 = identity(
+            "{name: b, component: kvm.wasm, namespace: b.io, env: {X: 1}}",
+            "1",
+        );
+        let c2 = identity("{name: c, component: kvm.wasm, namespace: c.io}", "2");
+        let d = identity("{name: d, component: kvm.wasm, namespace: d.io}", "1");
+        let diff = ConfigDiff::new(running, &[d.clone(), c2, b2, a.clone()]);
+        assert_eq!(diff.added, ["d"]);
+        assert_eq!(diff.removed, Vec::<String>::new());
+        assert_eq!(
+            diff.changed,
+            [
+                ("c".to_string(), vec!["component contents"]),
+                ("b".to_string(), vec!["env"])
+            ]
+        );
+        assert_eq!(diff.unchanged, ["a"]);
+        assert_eq!(diff.stops().collect::<Vec<_>>(), ["c", "b"]);
+        assert!(diff.starts("d") && diff.starts("b") && !diff.starts("a"));
+        assert_eq!(
+            diff.to_string(),
+            "added [d], removed [], changed [c, b], unchanged [a]"
+        );
+
+        // A renamed scanner is one removed and one added.
+        let renamed = identity("{name: a2, component: kvm.wasm, namespace: a.io}", "1");
+        let diff = ConfigDiff::new([("a", &a)], &[renamed]);
+        assert_eq!(
+            (diff.added, diff.removed),
+            (vec!["a2".into()], vec!["a".into()])
+        );
+        assert!(diff.changed.is_empty() && diff.unchanged.is_empty());
+    }
+
+    #[test]
+    fn every_key_is_a_change() {
+        let base = "name: a, component: kvm.wasm, namespace: a.io";
+        let a = identity(&format!("{{{base}}}"), "1");
+        for (extra, key) in [
+            ("env: {X: 1}", "env"),
+            ("post-allocator: hook.wasm", "post-allocator"),
+            ("limits: {memory: 32Mi}", "limits"),
+            ("policy: {max-types: 3}", "policy"),
+            ("cdi: {}", "cdi"),
+        ] {
+            let b = identity(&format!("{{{base}, {extra}}}"), "1");
+            assert_eq!(a.changes(&b), [key], "{extra}");
+        }
+        let moved = identity("{name: a, component: hook.wasm, namespace: a.io}", "2");
+        assert_eq!(a.changes(&moved), ["component"]);
+        let ns = identity("{name: a, component: kvm.wasm, namespace: b.io}", "1");
+        assert_eq!(a.changes(&ns), ["namespace"]);
+        assert!(a.changes(&a.clone()).is_empty());
+    }
+
+    #[test]
+    fn oci_settings_matter_only_to_oci_components() {
+        let load = |oci: &str, component: &str| {
+            let c = in_shared_dir(&format!(
+                "scanners:\n  - {{name: a, component: '{component}', namespace: a.io}}\noci: {oci}\n"
+            ));
+            let s = c.scanners.into_iter().next().unwrap();
+            let sha = matches!(s.component, ComponentSource::File(_)).then(|| "1".to_string());
+            ScannerIdentity::new(s, &c.oci, sha, None)
+        };
+        let file = load("{}", "kvm.wasm");
+        let file2 = load("{insecure-registries: [r.example:5000]}", "kvm.wasm");
+        assert!(file.changes(&file2).is_empty());
+        let oci = load("{}", "oci://r.example/k:1");
+        let oci2 = load(
+            "{insecure-registries: [r.example:5000]}",
+            "oci://r.example/k:1",
+        );
+        assert_eq!(oci.changes(&oci2), ["oci"]);
     }
 
     mod fuzz {

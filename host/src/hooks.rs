@@ -12,6 +12,7 @@ use std::sync::Arc;
 use wasmtime::Store;
 
 use crate::kubelet::api;
+use crate::metrics::Hook;
 use crate::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
 use crate::sandbox::bindings::pre_starter::PreStarterPluginPre;
 use crate::sandbox::bindings::preferred_allocator::PreferredAllocatorPluginPre;
@@ -103,7 +104,7 @@ impl Hooks {
     ) -> Option<Result<Vec<wit::ContainerAllocateResponse>, HookError>> {
         let pre = self.post.as_ref()?;
         Some(
-            self.call(|mut store| async move {
+            self.call(Hook::PostAllocate, |mut store| async move {
                 let hook = pre.instantiate_async(&mut store).await?;
                 hook.wdp_device_plugin_post_allocator()
                     .call_post_allocate(&mut store, dev_type, requests, responses)
@@ -121,7 +122,7 @@ impl Hooks {
     ) -> Option<Result<Vec<Vec<String>>, HookError>> {
         let pre = self.preferred.as_ref()?;
         Some(
-            self.call(|mut store| async move {
+            self.call(Hook::GetPreferredAllocation, |mut store| async move {
                 let hook = pre.instantiate_async(&mut store).await?;
                 hook.wdp_device_plugin_preferred_allocator()
                     .call_get_preferred_allocation(&mut store, dev_type, requests)
@@ -139,7 +140,7 @@ impl Hooks {
     ) -> Option<Result<(), HookError>> {
         let pre = self.pre_start.as_ref()?;
         Some(
-            self.call(|mut store| async move {
+            self.call(Hook::PreStartContainer, |mut store| async move {
                 let hook = pre.instantiate_async(&mut store).await?;
                 hook.wdp_device_plugin_pre_starter()
                     .call_pre_start_container(&mut store, dev_type, device_ids)
@@ -149,8 +150,19 @@ impl Hooks {
         )
     }
 
-    /// One call in a fresh store, under the deadline.
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T, HookError>
+    /// One call of `hook` in a fresh store, under the deadline; timed into the scanner's metrics.
+    async fn call<T, F, Fut>(&self, hook: Hook, f: F) -> Result<T, HookError>
+    where
+        F: FnOnce(Store<GuestState>) -> Fut,
+        Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
+    {
+        let started = std::time::Instant::now();
+        let result = self.call_once(f).await;
+        self.spec.metrics.hook_called(hook, started.elapsed());
+        result
+    }
+
+    async fn call_once<T, F, Fut>(&self, f: F) -> Result<T, HookError>
     where
         F: FnOnce(Store<GuestState>) -> Fut,
         Fut: Future<Output = wasmtime::Result<Result<T, String>>>,

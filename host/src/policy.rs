@@ -6,6 +6,9 @@
 //! explicit allow-list, and dev-type names short enough for their socket path. Every tree a guest
 //! notifies and every response a hook returns passes here before kubelet sees it.
 
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+
 use crate::allocate::ContainerResponse;
 use crate::sandbox::bindings::types as wit;
 use crate::sandbox::devfs::DevFs;
@@ -59,18 +62,26 @@ impl Policy {
             });
         }
         let tree = DeviceTree::from_guest(groups)?;
+        let mut nodes = NodeCheck::new(dev);
         for (id, info) in tree.0.values().flat_map(|g| g.iter()) {
-            let owner = format!("device {id:?}");
+            let owner = || format!("device {id:?}");
             self.check_mounts(&owner, &info.mounts)?;
             // An Unhealthy device is never allocated, and "its node vanished" is exactly why a
             // scanner reports one: only devices that may reach a container need their nodes.
-            if info.health == Health::Unhealthy {
-                continue;
-            }
-            for node in &info.nodes {
-                check_node_exists(&owner, &node.host_path, dev)?;
+            if info.health != Health::Unhealthy {
+                nodes.want(info.nodes.iter().map(|n| n.host_path.as_str()));
             }
         }
+        nodes.check(|path| {
+            tree.0
+                .values()
+                .flat_map(|g| g.iter())
+                .find(|(_, info)| {
+                    info.health != Health::Unhealthy
+                        && info.nodes.iter().any(|n| n.host_path == path)
+                })
+                .map_or_else(|| "a device".into(), |(id, _)| format!("device {id:?}"))
+        })?;
         Ok(tree)
     }
 
@@ -82,7 +93,7 @@ impl Policy {
         dev: &DevFs,
     ) -> Result<ContainerResponse, TreeError> {
         let mut bytes = 0usize;
-        let owner = format!("the response for container {index}");
+        let owner = || format!("the response for container {index}");
         for s in attached_strings(
             &response.devices,
             &response.mounts,
@@ -94,9 +105,9 @@ impl Policy {
         }
         let response = ContainerResponse::from_wit(index, response)?;
         self.check_mounts(&owner, &response.mounts)?;
-        for node in &response.devices {
-            check_node_exists(&owner, &node.host_path, dev)?;
-        }
+        let mut nodes = NodeCheck::new(dev);
+        nodes.want(response.devices.iter().map(|n| n.host_path.as_str()));
+        nodes.check(|_| owner())?;
         Ok(response)
     }
 
@@ -109,7 +120,7 @@ impl Policy {
         }
         let mut bytes = 0usize;
         for g in groups {
-            self.check_string("a dev-type", &g.dev_type, &mut bytes)?;
+            self.check_string(&|| "a dev-type".into(), &g.dev_type, &mut bytes)?;
             if g.devices.len() > self.max_devices_per_type {
                 return Err(TreeError::TooManyDevices {
                     dev_type: g.dev_type.clone(),
@@ -118,8 +129,8 @@ impl Policy {
                 });
             }
             for d in &g.devices {
-                self.check_string("a device id", &d.id, &mut bytes)?;
-                let owner = format!("device {:?}", d.id);
+                self.check_string(&|| "a device id".into(), &d.id, &mut bytes)?;
+                let owner = || format!("device {:?}", d.id);
                 let i = &d.info;
                 for s in
                     attached_strings(&i.nodes, &i.mounts, &i.envs, &i.annotations, &i.cdi_devices)
@@ -131,10 +142,17 @@ impl Policy {
         Ok(())
     }
 
-    fn check_string(&self, owner: &str, s: &str, total: &mut usize) -> Result<(), TreeError> {
+    /// `owner` names what carries `s` in an error; it is only called to build one, because a
+    /// large tree passes here tens of thousands of times.
+    fn check_string(
+        &self,
+        owner: &dyn Fn() -> String,
+        s: &str,
+        total: &mut usize,
+    ) -> Result<(), TreeError> {
         if s.len() > self.max_string_bytes {
             return Err(TreeError::StringTooLong {
-                owner: owner.into(),
+                owner: owner(),
                 start: s.chars().take(32).collect(),
                 len: s.len(),
                 max: self.max_string_bytes,
@@ -149,7 +167,7 @@ impl Policy {
         Ok(())
     }
 
-    fn check_mounts(&self, owner: &str, mounts: &[Mount]) -> Result<(), TreeError> {
+    fn check_mounts(&self, owner: &dyn Fn() -> String, mounts: &[Mount]) -> Result<(), TreeError> {
         for m in mounts {
             let allowed = self.allowed_mounts.iter().any(|a| {
                 m.host_path == *a
@@ -159,7 +177,7 @@ impl Policy {
             });
             if !allowed {
                 return Err(TreeError::MountNotAllowed {
-                    owner: owner.into(),
+                    owner: owner(),
                     value: m.host_path.clone(),
                 });
             }
@@ -168,15 +186,65 @@ impl Policy {
     }
 }
 
-/// A device node's host path must name something in the dev root (a node, or a link to one).
-fn check_node_exists(owner: &str, host_path: &str, dev: &DevFs) -> Result<(), TreeError> {
-    dev.stat(host_path)
-        .map(|_| ())
-        .map_err(|e| TreeError::NodeMissing {
-            owner: owner.into(),
-            value: host_path.into(),
-            cause: e.to_string(),
-        })
+/// The node-exists rule: a device node's host path must name something in the dev root (a node,
+/// or a link to one; not followed).
+///
+/// Paths are grouped by directory: a directory many nodes share is listed once (a 10,000-device
+/// tree took 26 ms of `stat` calls), the others are `stat`ed. Only a path missing from its
+/// listing is `stat`ed again, for the error's cause (or because it appeared meanwhile).
+struct NodeCheck<'a> {
+    dev: &'a DevFs,
+    /// Wanted paths by parent directory (guest paths: `/dev/...`).
+    by_dir: BTreeMap<&'a str, Vec<&'a str>>,
+}
+
+/// From this many wanted nodes in one directory on, the directory is listed instead.
+const LIST_FROM: usize = 16;
+
+impl<'a> NodeCheck<'a> {
+    fn new(dev: &'a DevFs) -> Self {
+        NodeCheck {
+            dev,
+            by_dir: BTreeMap::new(),
+        }
+    }
+
+    fn want(&mut self, paths: impl Iterator<Item = &'a str>) {
+        for path in paths {
+            let dir = path.rsplit_once('/').map_or("", |(dir, _)| dir);
+            self.by_dir.entry(dir).or_default().push(path);
+        }
+    }
+
+    /// Checks every wanted path; `owner` names who wanted a missing one.
+    fn check(self, owner: impl Fn(&str) -> String) -> Result<(), TreeError> {
+        for (dir, paths) in &self.by_dir {
+            let listed = if paths.len() >= LIST_FROM {
+                self.dev.entry_names(dir).ok()
+            } else {
+                None
+            };
+            for path in paths {
+                let name = path.rsplit_once('/').map_or(*path, |(_, name)| name);
+                // A name not in the listing may be a path the listing cannot vouch for
+                // ("/dev/x/.."): the stat decides, and explains.
+                if listed
+                    .as_ref()
+                    .is_some_and(|l| l.contains(OsStr::new(name)))
+                {
+                    continue;
+                }
+                if let Err(e) = self.dev.stat(path) {
+                    return Err(TreeError::NodeMissing {
+                        owner: owner(path),
+                        value: (*path).into(),
+                        cause: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Every string a device or a container response carries: the same fields in both.
@@ -314,6 +382,45 @@ mod tests {
             .check_tree(vec![group("a", 3, info("/dev/kvm", None))], &dev)
             .unwrap_err();
         assert_eq!(err.rule(), "max-tree-bytes");
+    }
+
+    #[test]
+    fn node_exists_in_a_listed_directory() {
+        let (tmp, dev) = dev();
+        std::fs::create_dir(tmp.path().join("bulk")).unwrap();
+        for i in 0..40 {
+            std::fs::write(tmp.path().join(format!("bulk/n{i}")), "").unwrap();
+        }
+        std::os::unix::fs::symlink("nowhere", tmp.path().join("bulk/dangling")).unwrap();
+        let tree = |paths: &[&str]| wit::DeviceGroup {
+            dev_type: "bulk".into(),
+            devices: paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| wit::Device {
+                    id: format!("d{i}"),
+                    info: info(p, None),
+                })
+                .collect(),
+        };
+        let mut paths: Vec<String> = (0..40).map(|i| format!("/dev/bulk/n{i}")).collect();
+        paths.push("/dev/bulk/dangling".into());
+        let ok: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let p = Policy::default();
+        assert!(
+            p.check_tree(vec![tree(&ok)], &dev).is_ok(),
+            "links count, unfollowed"
+        );
+        for bad in ["/dev/bulk/n40", "/dev/bulk/n1/x", "/dev/none/x"] {
+            let mut with_bad = ok.clone();
+            with_bad.insert(7, bad);
+            let err = p.check_tree(vec![tree(&with_bad)], &dev).unwrap_err();
+            assert!(
+                matches!(&err, TreeError::NodeMissing { owner, value, .. }
+                    if owner == "device \"d7\"" && value == bad),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

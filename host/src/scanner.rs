@@ -67,7 +67,10 @@ pub async fn supervise(
     let mut delay = BACKOFF_START;
     loop {
         let started = Instant::now();
-        let error = match run_once(&sandbox, &scanner, events.clone()).await {
+        let outcome = run_once(&sandbox, &scanner, events.clone()).await;
+        // The instance is gone, and its memory with it.
+        scanner.spec.metrics.memory_reset();
+        let error = match outcome {
             Ok(()) => {
                 tracing::info!(
                     scanner = &*name,
@@ -106,6 +109,9 @@ async fn run_once(
     scanner: &Scanner,
     events: mpsc::Sender<ScannerEvent>,
 ) -> Result<(), String> {
+    // A new instance: its memory is counted afresh, and its first scan starts now.
+    scanner.spec.metrics.memory_reset();
+    scanner.spec.metrics.woke();
     let mut store = sandbox
         .store(&scanner.spec, Some(events))
         .map_err(|e| e.to_string())?;

@@ -31,6 +31,7 @@ use crate::kubelet::api::{self, DevicePluginOptions};
 use crate::kubelet::dir::{self, DirEvent, PluginDir};
 use crate::kubelet::register;
 use crate::sandbox::bindings::types as wit;
+use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
 
 /// Longest socket path Linux accepts (`sun_path` is 108 bytes, including the NUL).
@@ -98,6 +99,7 @@ impl Resource {
 /// A running resource server. Dropping it without [`ResourceServer::stop`] also stops it.
 pub struct ResourceServer {
     resource: Resource,
+    status: ResourceHandle,
     devices: watch::Sender<Arc<DeviceGroup>>,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
@@ -110,12 +112,14 @@ impl Drop for ResourceServer {
 }
 
 impl ResourceServer {
-    /// Starts serving `devices` as `resource`.
+    /// Starts serving `devices` as `resource`, reporting registration and Allocate calls to
+    /// `status`.
     pub fn start(
         kubelet: Arc<Kubelet>,
         resource: Resource,
         devices: Arc<DeviceGroup>,
         hooks: Option<Arc<Hooks>>,
+        status: ResourceHandle,
     ) -> Self {
         let (tx, rx) = watch::channel(devices);
         let cancel = CancellationToken::new();
@@ -124,10 +128,12 @@ impl ResourceServer {
             devices: rx,
             hooks,
             stop: cancel.clone(),
+            status: status.clone(),
         };
         let task = tokio::spawn(lifecycle(kubelet, service, cancel.clone()));
         ResourceServer {
             resource,
+            status,
             devices: tx,
             cancel,
             task: Some(task),
@@ -137,6 +143,11 @@ impl ResourceServer {
     /// The resource served.
     pub fn resource(&self) -> &Resource {
         &self.resource
+    }
+
+    /// Where this resource's status and metrics go.
+    pub fn status(&self) -> &ResourceHandle {
+        &self.status
     }
 
     /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
@@ -192,7 +203,11 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
             Registration::SocketGone => Restart::Kubelet,
             Registration::Done => {
                 tracing::info!(resource = %resource.name, elapsed = ?started.elapsed(), "registered with kubelet");
-                wait_for_restart(&kubelet, &resource, &cancel, &mut events, inode).await
+                service.status.registered(true);
+                let restart =
+                    wait_for_restart(&kubelet, &service, &cancel, &mut events, inode).await;
+                service.status.registered(false);
+                restart
             }
         };
         if let Restart::Stopped = outcome {
@@ -235,6 +250,9 @@ async fn register_until_done(
             return Registration::SocketGone;
         }
         if kubelet.socket.exists() {
+            // The Created event of the very kubelet we are about to call may still be queued:
+            // only a socket other than this one means a new kubelet.
+            let dialed = socket_inode(&kubelet.socket);
             let attempt = register::register(
                 &kubelet.socket,
                 &resource.endpoint,
@@ -249,7 +267,9 @@ async fn register_until_done(
                     _ = cancel.cancelled() => return Registration::Stopped,
                     r = &mut attempt => break Some(r),
                     event = dir::next_event(events) => match event {
-                        Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => {
+                        Some(DirEvent::Created(name))
+                            if kubelet.is_socket(&name) && socket_inode(&kubelet.socket) != dialed =>
+                        {
                             tracing::warn!(resource = %resource.name, "kubelet restarted during registration; registering again");
                             break None;
                         }
@@ -295,11 +315,12 @@ async fn register_until_done(
 /// After registering: waits for kubelet to restart or for a stop.
 async fn wait_for_restart(
     kubelet: &Kubelet,
-    resource: &Resource,
+    service: &PluginService,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
     inode: Option<u64>,
 ) -> Restart {
+    let resource = &service.resource;
     // Events queued before registration finished are history now.
     while events.try_recv().is_ok() {}
     loop {
@@ -313,6 +334,10 @@ async fn wait_for_restart(
         match event {
             Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => {
                 return Restart::Kubelet;
+            }
+            // kubelet went away: our registration went with it, until the next kubelet.
+            Some(DirEvent::Removed(name)) if kubelet.is_socket(&name) => {
+                service.status.registered(false);
             }
             // A removal of our socket is re-checked by inode at the top of the loop.
             Some(_) => {}
@@ -361,6 +386,7 @@ struct PluginService {
     hooks: Option<Arc<Hooks>>,
     /// Cancelled when this socket stops serving; ends open streams.
     stop: CancellationToken,
+    status: ResourceHandle,
 }
 
 impl PluginService {
@@ -477,21 +503,10 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
-        let requests = request.into_inner().container_requests;
-        let devices = self.devices.borrow().clone();
-        let responses = allocate::default_responses(&self.resource.name, &devices, &requests)?;
-        let responses = match &self.hooks {
-            Some(hooks) if hooks.has_post_allocate() => {
-                self.post_allocate(hooks, &requests, responses).await?
-            }
-            _ => responses,
-        };
-        Ok(Response::new(api::AllocateResponse {
-            container_responses: responses
-                .into_iter()
-                .map(ContainerResponse::into_proto)
-                .collect(),
-        }))
+        let started = Instant::now();
+        let answer = self.answer_allocate(request).await;
+        self.status.allocated(started.elapsed(), answer.is_ok());
+        answer
     }
 
     async fn pre_start_container(
@@ -509,6 +524,28 @@ impl DevicePlugin for PluginService {
 }
 
 impl PluginService {
+    /// The Allocate answer: the default response, then the post-allocate hook if any.
+    async fn answer_allocate(
+        &self,
+        request: Request<api::AllocateRequest>,
+    ) -> Result<Response<api::AllocateResponse>, Status> {
+        let requests = request.into_inner().container_requests;
+        let devices = self.devices.borrow().clone();
+        let responses = allocate::default_responses(&self.resource.name, &devices, &requests)?;
+        let responses = match &self.hooks {
+            Some(hooks) if hooks.has_post_allocate() => {
+                self.post_allocate(hooks, &requests, responses).await?
+            }
+            _ => responses,
+        };
+        Ok(Response::new(api::AllocateResponse {
+            container_responses: responses
+                .into_iter()
+                .map(ContainerResponse::into_proto)
+                .collect(),
+        }))
+    }
+
     async fn post_allocate(
         &self,
         hooks: &Hooks,

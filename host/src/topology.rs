@@ -14,17 +14,37 @@
 //! node, and is dropped. Only the first hint-bearing directory counts.
 
 use std::collections::{BTreeSet, HashMap};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::sandbox::devfs::{DevFs, NodeKind};
 use crate::tree::DeviceTree;
 
 /// Reads NUMA affinity below one sys root.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Topology {
     /// The sys root, canonical, so resolved paths can be compared with it.
     sys: PathBuf,
+    /// Answers by device number, reused while `<sys>/dev/{class}/MAJ:MIN` still points where it
+    /// did: a guest notifies its whole tree on every change, and walking sysfs again for every
+    /// unchanged node cost 40 ms per 10,000 nodes. A number reused by another device (a hot
+    /// swap) has another sysfs path, so the link check catches it.
+    known: Mutex<HashMap<DeviceNumber, (PathBuf, BTreeSet<u32>)>>,
 }
+
+/// Handles on `<sys>/dev/char` and `<sys>/dev/block` (or why they could not be opened).
+struct DevDirs {
+    char: std::io::Result<std::os::fd::OwnedFd>,
+    block: std::io::Result<std::os::fd::OwnedFd>,
+}
+
+/// `(class, major, minor)`: what `<sys>/dev/{class}/MAJ:MIN` is keyed by.
+type DeviceNumber = (&'static str, u32, u32);
+
+/// Beyond this many remembered device numbers the cache starts again: a bound for a guest that
+/// names ever-new nodes, far above any real node's device count.
+const MAX_KNOWN: usize = 1 << 16;
 
 /// Why a node has no readable affinity; any one of these leaves the device without topology.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,14 +65,44 @@ impl Topology {
     /// Affinity read from `sys_root` (normally `/sys`).
     pub fn new(sys_root: &Path) -> Self {
         let sys = std::fs::canonicalize(sys_root).unwrap_or_else(|_| sys_root.to_path_buf());
-        Topology { sys }
+        Topology {
+            sys,
+            known: Mutex::default(),
+        }
     }
 
     /// Sets `numa_nodes` on every device that has none and at least one node whose affinity is
     /// known. Lookups are shared within one call: a node many devices share (a KubeVirt-style
     /// slot device) is resolved once.
     pub fn fill(&self, tree: &mut DeviceTree, dev: &DevFs) {
+        let wanted = tree
+            .0
+            .values()
+            .flat_map(|g| g.values())
+            .filter(|info| info.numa_nodes.is_none())
+            .flat_map(|info| info.nodes.iter().map(|n| n.host_path.as_str()));
+        // Grouped by directory, so each directory is opened once for all its nodes.
+        let mut by_dir: HashMap<&str, Vec<&str>> = HashMap::new();
+        for path in wanted {
+            let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+            by_dir.entry(dir).or_default().push(name);
+        }
         let mut known: HashMap<String, Result<BTreeSet<u32>, TopologyError>> = HashMap::new();
+        let dirs = self.dev_dirs();
+        for (dir, mut names) in by_dir {
+            names.sort_unstable();
+            names.dedup();
+            for (name, node) in names.iter().zip(dev.stat_in(dir, &names)) {
+                let path = format!("{dir}/{name}");
+                let numa = node
+                    .map_err(|e| TopologyError::Node {
+                        path: path.clone(),
+                        cause: e.to_string(),
+                    })
+                    .and_then(|node| self.numa_of(&path, node, dev, &dirs));
+                known.insert(path, numa);
+            }
+        }
         for info in tree.0.values_mut().flat_map(|g| g.values_mut()) {
             if info.numa_nodes.is_some() || info.nodes.is_empty() {
                 continue;
@@ -60,12 +110,9 @@ impl Topology {
             let mut numa = BTreeSet::new();
             let mut complete = true;
             for node in &info.nodes {
-                let found = known
-                    .entry(node.host_path.clone())
-                    .or_insert_with(|| self.node_numa(&node.host_path, dev));
-                match found {
-                    Ok(ids) => numa.extend(ids.iter().copied()),
-                    Err(_) => complete = false,
+                match known.get(&node.host_path) {
+                    Some(Ok(ids)) => numa.extend(ids.iter().copied()),
+                    _ => complete = false,
                 }
             }
             if complete && !numa.is_empty() {
@@ -81,25 +128,78 @@ impl Topology {
 
     /// The NUMA nodes of one device node (guest path under /dev); empty when sysfs gives no hint.
     pub fn node_numa(&self, path: &str, dev: &DevFs) -> Result<BTreeSet<u32>, TopologyError> {
-        let node = dev.stat_following(path).map_err(|e| TopologyError::Node {
+        let node_error = |e: crate::sandbox::devfs::DevfsError| TopologyError::Node {
             path: path.into(),
             cause: e.to_string(),
-        })?;
-        let class = match node.kind {
-            NodeKind::CharDevice => "char",
-            NodeKind::BlockDevice => "block",
+        };
+        let node = dev.stat(path).map_err(node_error)?;
+        self.numa_of(path, node, dev, &self.dev_dirs())
+    }
+
+    /// `<sys>/dev/char` and `<sys>/dev/block`, opened once for the many link reads of one
+    /// tree: a `readlinkat` from there costs one path component, where the full path cost a
+    /// walk from `/` for each node.
+    fn dev_dirs(&self) -> DevDirs {
+        let open = |class: &str| {
+            let path = self.sys.join("dev").join(class);
+            rustix::fs::open(
+                &path,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(std::io::Error::from)
+        };
+        DevDirs {
+            char: open("char"),
+            block: open("block"),
+        }
+    }
+
+    /// The NUMA nodes of the node at `path`, described (unfollowed) by `node`.
+    fn numa_of(
+        &self,
+        path: &str,
+        mut node: crate::sandbox::devfs::Node,
+        dev: &DevFs,
+        dirs: &DevDirs,
+    ) -> Result<BTreeSet<u32>, TopologyError> {
+        // Most nodes are not links: the plain stat answered without the confined open that
+        // following a link beneath the dev root costs.
+        if node.kind == NodeKind::Symlink {
+            node = dev.stat_following(path).map_err(|e| TopologyError::Node {
+                path: path.into(),
+                cause: e.to_string(),
+            })?;
+        }
+        let (class, dir) = match node.kind {
+            NodeKind::CharDevice => ("char", &dirs.char),
+            NodeKind::BlockDevice => ("block", &dirs.block),
             _ => return Err(TopologyError::NotADevice { path: path.into() }),
         };
         if node.major == 0 {
             return Err(TopologyError::Virtual { path: path.into() });
         }
-        let link = self
-            .sys
-            .join(format!("dev/{class}/{}:{}", node.major, node.minor));
-        let device = std::fs::canonicalize(&link).map_err(|e| TopologyError::Sysfs {
-            link: link.clone(),
+        let name = format!("{}:{}", node.major, node.minor);
+        let link = || self.sys.join("dev").join(class).join(&name);
+        let sysfs_error = |e: &std::io::Error| TopologyError::Sysfs {
+            link: link(),
             cause: e.to_string(),
-        })?;
+        };
+        let dir = dir.as_ref().map_err(sysfs_error)?;
+        let target = rustix::fs::readlinkat(dir, name.as_str(), Vec::new())
+            .map(|t| PathBuf::from(std::ffi::OsString::from_vec(t.into_bytes())))
+            .map_err(|e| sysfs_error(&e.into()))?;
+        let number = (class, node.major, node.minor);
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, numa)) = known.get(&number)
+            && *seen == target
+        {
+            return Ok(numa.clone());
+        }
+        drop(known);
+        let device = std::fs::canonicalize(link()).map_err(|e| sysfs_error(&e))?;
         // A VFIO group node is a virtual device; its affinity is that of the group's functions.
         let vfio = self.sys.join("devices/virtual/vfio");
         if device.parent() == Some(vfio.as_path()) {
@@ -115,9 +215,16 @@ impl Topology {
                     numa.extend(self.walk_up(&function)?);
                 }
             }
+            // Not remembered: a group's members change without its node changing.
             return Ok(numa);
         }
-        self.walk_up(&device)
+        let numa = self.walk_up(&device)?;
+        known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() >= MAX_KNOWN {
+            known.clear();
+        }
+        known.insert(number, (target, numa.clone()));
+        Ok(numa)
     }
 
     /// The first hint from `dir` upwards, staying inside `<sys>/devices`.
@@ -289,5 +396,31 @@ mod tests {
             "a guest's answer is kept"
         );
         assert_eq!(g["missing"].numa_nodes, None);
+    }
+
+    #[test]
+    fn remembered_answers_follow_a_reused_device_number() {
+        let r = roots();
+        let node = r.dev.root_path().join("card0");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &node,
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            rustix::fs::makedev(226, 0),
+        )
+        .expect("mknod (tests run as root)");
+        let t = Topology::new(&r.sys);
+        assert_eq!(t.node_numa("/dev/card0", &r.dev), Ok(BTreeSet::from([0])));
+        // Another device now owns 226:0: the link moved, so the answer must too.
+        let link = r.sys.join("dev/char/226:0");
+        std::fs::remove_file(&link).unwrap();
+        symlink("../../devices/pci0000:80/0000:80:01.0", &link).unwrap();
+        assert_eq!(t.node_numa("/dev/card0", &r.dev), Ok(BTreeSet::from([1])));
+        std::fs::remove_file(&link).unwrap();
+        assert!(matches!(
+            t.node_numa("/dev/card0", &r.dev),
+            Err(TopologyError::Sysfs { .. })
+        ));
     }
 }

@@ -20,6 +20,11 @@ pub struct Host {
 impl Host {
     /// Starts `wdp run --config <config>` over the fixture, serving in `plugin_dir`.
     pub fn start(config: &Path, plugin_dir: &Path, f: &Fixture) -> Host {
+        Self::start_with(config, plugin_dir, f, &[])
+    }
+
+    /// [`Host::start`] with more `wdp run` arguments (e.g. `--metrics-addr`).
+    pub fn start_with(config: &Path, plugin_dir: &Path, f: &Fixture, more: &[&str]) -> Host {
         let log = f.path().join(format!(
             "wdp-run-{}.log",
             std::time::SystemTime::now()
@@ -40,6 +45,7 @@ impl Host {
             .arg(f.dev())
             .arg("--compile-cache")
             .arg(f.path().join("compiled"))
+            .args(more)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -55,6 +61,17 @@ impl Host {
     /// The host's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` (a `kill` name such as "HUP") to the running host.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("running");
+        let pid = child.id().expect("pid").to_string();
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {pid}");
     }
 
     /// Sends SIGTERM and waits for the exit.
@@ -88,6 +105,8 @@ pub struct Seen {
     health: HashMap<String, HashMap<String, String>>,
     numa: HashMap<String, HashMap<String, Vec<i64>>>,
     ended: HashSet<String>,
+    registrations: HashMap<String, usize>,
+    stream_ends: HashMap<String, usize>,
 }
 
 impl Seen {
@@ -99,6 +118,8 @@ impl Seen {
             health: HashMap::new(),
             numa: HashMap::new(),
             ended: HashSet::new(),
+            registrations: HashMap::new(),
+            stream_ends: HashMap::new(),
         }
     }
 
@@ -119,9 +140,12 @@ impl Seen {
             }
             Observed::StreamEnded { resource } => {
                 self.latest.remove(&resource);
+                *self.stream_ends.entry(resource.clone()).or_default() += 1;
                 self.ended.insert(resource);
             }
-            Observed::Registered { .. } => {}
+            Observed::Registered { resource, .. } => {
+                *self.registrations.entry(resource).or_default() += 1;
+            }
         }
     }
 
@@ -165,6 +189,16 @@ impl Seen {
     /// The NUMA nodes kubelet was last told for device `id` of `resource` (empty: no topology).
     pub fn numa(&self, resource: &str, id: &str) -> Option<Vec<i64>> {
         self.numa.get(resource)?.get(id).cloned()
+    }
+
+    /// How many times `resource` registered so far (as far as events were consumed).
+    pub fn registrations(&self, resource: &str) -> usize {
+        self.registrations.get(resource).copied().unwrap_or(0)
+    }
+
+    /// How many of `resource`'s ListAndWatch streams ended so far.
+    pub fn stream_ends(&self, resource: &str) -> usize {
+        self.stream_ends.get(resource).copied().unwrap_or(0)
     }
 
     /// Waits until `resource`'s stream has ended.

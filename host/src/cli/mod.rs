@@ -4,6 +4,8 @@ mod kubelet;
 mod oci;
 mod run;
 mod scan;
+mod snapshot;
+mod status;
 
 use std::process::ExitCode;
 
@@ -35,8 +37,10 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     Scan(scan::ScanArgs),
+    Snapshot(snapshot::SnapshotArgs),
     Run(run::RunArgs),
     Kubelet(kubelet::KubeletArgs),
+    Status(status::StatusArgs),
     Push(oci::PushArgs),
     Pull(oci::PullArgs),
     Inspect(oci::InspectArgs),
@@ -61,8 +65,10 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Scan(args) => scan::run(args).await,
+            Command::Snapshot(args) => snapshot::run(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Kubelet(args) => kubelet::run(args).await,
+            Command::Status(args) => status::run(args).await,
             Command::Push(args) => oci::push(args).await,
             Command::Pull(args) => oci::pull(args).await,
             Command::Inspect(args) => oci::inspect(args).await,

@@ -1,25 +1,28 @@
 //! `wdp run`: serve every configured scanner's devices to kubelet.
 
-use std::path::PathBuf;
+mod prepare;
+mod watch;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::config::{self, ComponentSource};
-use crate::hooks::Hooks;
+use self::prepare::Plan;
+use self::watch::ConfigWatch;
+use crate::config::{self, Config, ConfigError};
+use crate::fleet::Fleet;
 use crate::kubelet::dir::PluginDir;
 use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
-use crate::manager::{Claims, Manager};
-use crate::oci;
-use crate::policy::{self, Policy};
+use crate::manager::Claims;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::{GuestSpec, Roots, Sandbox};
-use crate::scanner::{RestartPolicy, Scanner, supervise};
+use crate::sandbox::{Roots, Sandbox};
 use crate::server::Kubelet;
+use crate::status::Observability;
 
 /// Run the configured scanners and serve their devices to kubelet.
 ///
@@ -29,6 +32,10 @@ use crate::server::Kubelet;
 /// served. SIGTERM or SIGINT stops everything and removes the sockets.
 ///
 /// The config file is checked completely (and every component compiled) before anything starts.
+/// It is reloaded when it changes (its directory is watched: editors' renames and ConfigMap
+/// symlink swaps are seen) and on SIGHUP (which also picks up component files rebuilt in place).
+/// A reload restarts only the scanners that were added, removed or changed; a config that fails
+/// any check is refused with an error and the running scanners are kept as they are.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The YAML config listing the scanners (see the README for every key).
@@ -54,13 +61,37 @@ pub struct RunArgs {
     /// Where compiled components are kept between runs (created 0700; must be the host's alone).
     #[arg(long, value_name = "DIR", default_value = "/var/lib/wdp/compiled")]
     compile_cache: PathBuf,
+
+    /// Serve /metrics (Prometheus, OpenMetrics text), /healthz, /readyz and /status (JSON) over
+    /// HTTP on this address, e.g. 0.0.0.0:9464 [default: not served].
+    #[arg(long, value_name = "ADDR", env = "WDP_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let config = config::load(&args.config)?;
+    // Watch before the first read: a change made while starting is then seen, not lost. An
+    // unreadable config is reported as such, before a failed watch of its directory.
+    let watch = ConfigWatch::start(&args.config);
+    let (mut seen, config) = read_config(&args.config)?;
+    let mut watch = watch.with_context(|| {
+        format!(
+            "cannot watch the directory of the config file {}",
+            args.config.display()
+        )
+    })?;
     // Install signal handlers before starting anything, so a signal is never lost.
-    let mut sigterm = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut signals = Signals::install()?;
+    // Listening before the components load: liveness answers during a slow first compile, and
+    // readiness says what is still missing.
+    let obs = Observability::new();
+    let http = match args.metrics_addr {
+        Some(addr) => {
+            let server = crate::http::HttpServer::start(addr, obs.clone()).await?;
+            tracing::info!(addr = %server.addr(), "serving /metrics, /healthz, /readyz and /status");
+            Some(server)
+        }
+        None => None,
+    };
 
     let sandbox = Sandbox::with_compile_cache(
         Roots {
@@ -69,70 +100,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         Some(CompileCache::new(args.compile_cache)),
     )?;
-    let registry = oci::Registry::new(oci::RegistryOptions {
-        insecure: config.oci.insecure_registries.clone(),
-        username: std::env::var("WDP_REGISTRY_USERNAME").ok(),
-        password: std::env::var("WDP_REGISTRY_PASSWORD").ok(),
-    });
-    let cache = oci::Cache::new(&config.oci.cache_dir);
-    let plugin_dir_len = args.plugin_dir.as_os_str().len();
-    let mut ready = Vec::with_capacity(config.scanners.len());
-    for s in &config.scanners {
-        let max_dev_type_len = policy::dev_type_budget(plugin_dir_len, &s.namespace);
-        if max_dev_type_len == 0 {
-            anyhow::bail!(
-                "scanner {}: namespace {:?} leaves no room for a dev-type in a socket path under {} ({} bytes at most)",
-                s.name,
-                s.namespace,
-                args.plugin_dir.display(),
-                crate::server::MAX_SOCKET_PATH
-            );
-        }
-        let spec = GuestSpec {
-            limits: s.limits,
-            policy: Arc::new(Policy {
-                max_dev_type_len,
-                ..s.policy.clone()
-            }),
-            ..GuestSpec::new(&s.name, s.env.clone())
-        };
-        let fetch = oci::FetchPolicy {
-            require_digest: config.oci.require_digest,
-            key: s.verify_key.clone(),
-        };
-        let path = resolve(&registry, &cache, &s.component, oci::Role::Scanner, &fetch)
-            .await
-            .with_context(|| format!("scanner {}", s.name))?;
-        let component = sandbox
-            .load(&path)
-            .await
-            .with_context(|| format!("scanner {}", s.name))?;
-        let pre = component
-            .scanner()
-            .with_context(|| format!("scanner {}", s.name))?;
-        let hooks = match &s.post_allocator {
-            None => None,
-            Some(source) => {
-                let path = resolve(&registry, &cache, source, oci::Role::Hooks, &fetch)
-                    .await
-                    .with_context(|| format!("scanner {}: post-allocator", s.name))?;
-                let hook = sandbox
-                    .load(&path)
-                    .await
-                    .with_context(|| format!("scanner {}: post-allocator", s.name))?;
-                let hooks = Hooks::new(sandbox.clone(), spec.clone(), &hook)
-                    .with_context(|| format!("scanner {}: post-allocator", s.name))?;
-                Some(Arc::new(hooks))
-            }
-        };
-        ready.push((
-            Scanner { spec, pre },
-            s.namespace.clone(),
-            hooks,
-            s.cdi.clone(),
-        ));
-    }
-
     let kubelet_socket = args
         .kubelet_socket
         .unwrap_or_else(|| args.plugin_dir.join(KUBELET_SOCKET_NAME));
@@ -146,68 +113,201 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         dir,
         socket: kubelet_socket,
     });
-    let claims = Arc::new(Claims::default());
+    let mut fleet = Fleet::new(
+        sandbox.clone(),
+        kubelet,
+        Arc::new(Claims::default()),
+        obs.clone(),
+    );
+    let host = Host {
+        sandbox,
+        plugin_dir: args.plugin_dir,
+        config: args.config,
+    };
 
-    let mut supervisors = Vec::new();
-    let mut managers = Vec::new();
-    for (scanner, namespace, hooks, cdi) in ready {
-        let (tx, rx) = mpsc::channel(16);
-        let mut manager = Manager::new(
-            scanner.spec.name.clone(),
-            namespace,
-            kubelet.clone(),
-            hooks,
-            claims.clone(),
-        );
-        if let Some(cdi) = cdi {
-            manager = manager.with_cdi(cdi);
+    // The first config is all or nothing: every component is compiled before anything starts.
+    let plan = tokio::select! {
+        plan = host.prepare(&config, &fleet) => plan?,
+        signal = signals.stop.recv() => {
+            tracing::info!("{signal} while starting: stopping");
+            return Ok(ExitCode::SUCCESS);
         }
-        managers.push(tokio::spawn(manager.run(rx)));
-        supervisors.push(tokio::spawn(supervise(
-            sandbox.clone(),
-            scanner,
-            RestartPolicy::Backoff,
-            tx,
-        )));
-    }
-    tracing::info!(scanners = managers.len(), plugin_dir = %args.plugin_dir.display(), "running");
+    };
+    apply(&mut fleet, plan, "config loaded").await;
+    obs.loaded();
+    tracing::info!(scanners = fleet.len(), plugin_dir = %host.plugin_dir.display(), config = %host.config.display(), watching = %watch.dir().display(), "running");
 
-    tokio::select! {
-        _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+    loop {
+        let trigger = tokio::select! {
+            signal = signals.stop.recv() => {
+                tracing::info!("{signal}: stopping");
+                break;
+            }
+            _ = signals.hangup.recv() => Trigger::Hangup,
+            () = watch.changed() => Trigger::FileChanged,
+        };
+        // Preparing touches nothing, so it may be abandoned for a stop signal; applying is not
+        // interrupted (it is quick), so the fleet is never left half-changed.
+        let outcome = tokio::select! {
+            outcome = host.prepare_reload(&fleet, &mut seen, trigger) => outcome,
+            signal = signals.stop.recv() => {
+                tracing::info!("{signal} during a reload: stopping");
+                break;
+            }
+        };
+        match outcome {
+            Reload::Skipped => {}
+            Reload::Ready(plan) => {
+                apply(&mut fleet, plan, "config reloaded").await;
+                obs.reload_succeeded();
+            }
+            Reload::Refused => obs.reload_failed(),
+        }
     }
-    // Stopping a supervisor drops its guest and closes its channel; the manager then stops its
-    // servers, each removing its socket.
-    for supervisor in &supervisors {
-        supervisor.abort();
-    }
-    for manager in managers {
-        let _ = manager.await;
+    fleet.stop_all().await;
+    if let Some(http) = http {
+        http.stop().await;
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 
-/// A local file for `source`: as is, or pulled, checked and cached.
-async fn resolve(
-    registry: &oci::Registry,
-    cache: &oci::Cache,
-    source: &ComponentSource,
-    role: oci::Role,
-    fetch: &oci::FetchPolicy,
-) -> anyhow::Result<PathBuf> {
-    match source {
-        ComponentSource::File(path) => {
-            if fetch.key.is_some() {
-                anyhow::bail!(
-                    "{}: verify-key applies to oci:// components; a local file carries no signature",
-                    path.display()
-                );
+/// Why a reload was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    /// SIGHUP: always reload, and re-read every component file.
+    Hangup,
+    /// The config's directory changed: reload when the file's text did.
+    FileChanged,
+}
+
+/// What preparing a reload came to.
+enum Reload {
+    /// The file's text was the same as last time: nothing to do.
+    Skipped,
+    /// The new config is good: apply this.
+    Ready(Plan),
+    /// The new config was refused (and logged); the running scanners are untouched.
+    Refused,
+}
+
+/// What stays fixed for the life of the process: the CLI flags a reload cannot change.
+struct Host {
+    sandbox: Arc<Sandbox>,
+    plugin_dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Host {
+    async fn prepare(&self, config: &Config, fleet: &Fleet) -> anyhow::Result<Plan> {
+        prepare::prepare(&self.sandbox, &self.plugin_dir, &self.config, config, fleet).await
+    }
+
+    /// Reads the config again and prepares what it takes to run it, touching nothing. `seen`
+    /// is the text last read (applied or refused), so an unrelated event does not retry a
+    /// refused file, and the same text is not reloaded twice.
+    async fn prepare_reload(&self, fleet: &Fleet, seen: &mut String, trigger: Trigger) -> Reload {
+        let (text, parsed) = match std::fs::read_to_string(&self.config) {
+            Ok(text) => {
+                let parsed = config::parse(&text, &self.config, config_base(&self.config));
+                (text, parsed)
             }
-            Ok(path.clone())
+            Err(source) => {
+                let error = ConfigError::Read {
+                    path: self.config.clone(),
+                    source,
+                };
+                tracing::error!("config reload refused, the running scanners are kept: {error}");
+                return Reload::Refused;
+            }
+        };
+        if trigger == Trigger::FileChanged && text == *seen {
+            tracing::debug!(config = %self.config.display(), "config text unchanged");
+            return Reload::Skipped;
         }
-        ComponentSource::Oci(reference) => {
-            Ok(oci::fetch(registry, cache, reference, role, fetch).await?)
+        *seen = text;
+        tracing::info!(config = %self.config.display(), ?trigger, "reloading the config");
+        let plan = match parsed {
+            Ok(config) => self.prepare(&config, fleet).await,
+            Err(e) => Err(e.into()),
+        };
+        match plan {
+            Ok(plan) => Reload::Ready(plan),
+            Err(e) => {
+                tracing::error!("config reload refused, the running scanners are kept: {e:#}");
+                Reload::Refused
+            }
+        }
+    }
+}
+
+/// Stops every removed and changed scanner, then starts every added and changed one: all stops
+/// first, so a changed scanner never clashes with its old self and two scanners may swap a
+/// resource. Unchanged scanners are not touched: their sockets, registrations and streams stay.
+async fn apply(fleet: &mut Fleet, plan: Plan, what: &str) {
+    let Plan { diff, start } = plan;
+    for (name, keys) in &diff.changed {
+        tracing::info!(
+            "scanner {name} changed ({}): restarting it",
+            keys.join(", ")
+        );
+    }
+    for name in diff.stops() {
+        fleet.stop(name).await;
+    }
+    for prepared in start {
+        fleet.start(prepared).await;
+    }
+    tracing::info!("{what}: {diff}");
+}
+
+/// Reads and checks the config file, keeping its text to compare with later reads.
+fn read_config(path: &Path) -> Result<(String, Config), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let config = config::parse(&text, path, config_base(path))?;
+    Ok((text, config))
+}
+
+/// Relative paths in the config are relative to its directory (as [`config::load`] does).
+fn config_base(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new("."))
+}
+
+/// The signals `wdp run` acts on.
+struct Signals {
+    /// SIGTERM and SIGINT: stop.
+    stop: Stop,
+    /// SIGHUP: reload the config.
+    hangup: Signal,
+}
+
+/// SIGTERM and SIGINT.
+struct Stop {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(Signals {
+            stop: Stop {
+                term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            },
+            hangup: signal(SignalKind::hangup()).context("cannot handle SIGHUP")?,
+        })
+    }
+}
+
+impl Stop {
+    /// Waits for SIGTERM or SIGINT; returns its name.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
     }
 }

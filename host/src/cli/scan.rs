@@ -1,7 +1,7 @@
 //! `wdp scan`: run one scanner in the sandbox and print the trees it notifies.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +12,10 @@ use tokio::sync::mpsc;
 
 use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox};
+use crate::sandbox::devfs::DevFs;
+use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
+use crate::snapshot::{archive, tree_diff};
 use crate::tree::DeviceTree;
 use crate::units;
 
@@ -23,29 +25,25 @@ use crate::units;
 /// metadata of --dev-root as /dev, exactly as under `wdp run`; point them at a fixture tree to test
 /// a scanner. A guest that fails exits non-zero with the cause.
 ///
+/// With --from-snapshot it replays a `wdp snapshot` archive instead: the scanner (the recorded one,
+/// or --component) runs over the recorded /sys and /dev, its first tree is printed and compared
+/// with the recorded tree, and any difference is listed and exits 1.
+///
 /// Example: wdp scan --component kvm.wasm --env SLOTS=4 --once --format table
 #[derive(Debug, Args)]
 pub struct ScanArgs {
-    /// The scanner component (.wasm, built for wasm32-wasip2).
-    #[arg(long, value_name = "FILE")]
-    component: PathBuf,
+    /// The scanner component (.wasm, built for wasm32-wasip2). With --from-snapshot: default,
+    /// the component recorded in the snapshot.
+    #[arg(long, value_name = "FILE", required_unless_present = "from_snapshot")]
+    component: Option<PathBuf>,
 
-    /// Host directory the guest sees as /sys (read-only).
-    #[arg(long, value_name = "DIR", default_value = "/sys")]
-    sys_root: PathBuf,
+    /// Replay this `wdp snapshot` archive: implies --once, and compares the tree with the
+    /// recorded one (exit 1 on a difference).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["sys_root", "dev_root"])]
+    from_snapshot: Option<PathBuf>,
 
-    /// Host directory the guest sees as /dev (metadata only).
-    #[arg(long, value_name = "DIR", default_value = "/dev")]
-    dev_root: PathBuf,
-
-    /// An environment variable for the guest; repeat for more. The guest sees nothing else.
-    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
-    env: Vec<(String, String)>,
-
-    /// A host path mounts may use (it or anything below it); repeat for more. Default: none, and
-    /// a tree with any other mount is refused.
-    #[arg(long, value_name = "PATH")]
-    allow_mount: Vec<String>,
+    #[command(flatten)]
+    guest: GuestArgs,
 
     /// Exit after the first tree, or when the scanner returns.
     #[arg(long)]
@@ -54,22 +52,85 @@ pub struct ScanArgs {
     /// Output: one JSON object per tree and line, or a readable table.
     #[arg(long, value_enum, default_value_t = Format::Json)]
     format: Format,
+}
+
+/// The flags `wdp scan` and `wdp snapshot` share: where the guest looks, what it is given.
+#[derive(Debug, Args)]
+pub struct GuestArgs {
+    /// Host directory the guest sees as /sys (read-only).
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sys_root: PathBuf,
+
+    /// Host directory the guest sees as /dev (metadata only).
+    #[arg(long, value_name = "DIR", default_value = "/dev")]
+    pub dev_root: PathBuf,
+
+    /// An environment variable for the guest; repeat for more. The guest sees nothing else.
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = super::parse_key_value)]
+    pub env: Vec<(String, String)>,
+
+    /// A host path mounts may use (it or anything below it); repeat for more. Default: none, and
+    /// a tree with any other mount is refused.
+    #[arg(long, value_name = "PATH")]
+    pub allow_mount: Vec<String>,
 
     /// Name used in logs (default: the component's file name).
     #[arg(long)]
-    name: Option<String>,
+    pub name: Option<String>,
 
-    /// Memory cap of the guest (Ki, Mi, Gi).
-    #[arg(long, value_name = "SIZE", default_value = "64Mi", value_parser = parse_size)]
-    memory: u64,
+    /// Memory cap of the guest (Ki, Mi, Gi) [default: 64Mi; with a config or a snapshot, the
+    /// scanner's recorded limit].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
 
     /// Keep compiled components here between runs (default: compile every time).
     #[arg(long, value_name = "DIR")]
-    compile_cache: Option<PathBuf>,
+    pub compile_cache: Option<PathBuf>,
 
-    /// Longest the guest may compute without calling the host.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
-    call_timeout: Duration,
+    /// Longest the guest may compute without calling the host [default: 5s; with a config or a
+    /// snapshot, the scanner's recorded limit].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub call_timeout: Option<Duration>,
+}
+
+impl GuestArgs {
+    /// The scanner's name: --name, else the component's file stem.
+    pub fn name(&self, component: &Path) -> Arc<str> {
+        match &self.name {
+            Some(n) => n.as_str().into(),
+            None => component
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "scanner".into())
+                .into(),
+        }
+    }
+
+    /// `base` with the limits given on the command line.
+    pub fn limits(&self, base: GuestLimits) -> GuestLimits {
+        GuestLimits {
+            memory: self.memory.unwrap_or(base.memory),
+            call_timeout: self.call_timeout.unwrap_or(base.call_timeout),
+        }
+    }
+
+    /// The guest's spec with `env`, allowed mounts, and the command line's limits over `base`.
+    pub fn spec(
+        &self,
+        name: &str,
+        env: Vec<(String, String)>,
+        allow_mount: Vec<String>,
+        base: GuestLimits,
+    ) -> GuestSpec {
+        GuestSpec {
+            limits: self.limits(base),
+            policy: Arc::new(Policy {
+                allowed_mounts: allow_mount,
+                ..Policy::default()
+            }),
+            ..GuestSpec::new(name, env)
+        }
+    }
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -87,36 +148,29 @@ enum Format {
 }
 
 pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
-    let name: Arc<str> = match &args.name {
-        Some(n) => n.as_str().into(),
-        None => args
-            .component
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "scanner".into())
-            .into(),
+    if let Some(snapshot) = &args.from_snapshot {
+        return replay(&args, snapshot).await;
+    }
+    let Some(component) = &args.component else {
+        anyhow::bail!("--component is required");
     };
+    let g = &args.guest;
+    let name = g.name(component);
     let sandbox = Sandbox::with_compile_cache(
         Roots {
-            sys: args.sys_root.clone(),
-            dev: args.dev_root.clone(),
+            sys: g.sys_root.clone(),
+            dev: g.dev_root.clone(),
         },
-        args.compile_cache.clone().map(CompileCache::new),
+        g.compile_cache.clone().map(CompileCache::new),
     )?;
-    let component = sandbox.load(&args.component).await?;
-    let pre = component.scanner()?;
+    let pre = sandbox.load(component).await?.scanner()?;
     let scanner = Scanner {
-        spec: GuestSpec {
-            limits: GuestLimits {
-                memory: args.memory,
-                call_timeout: args.call_timeout,
-            },
-            policy: Arc::new(Policy {
-                allowed_mounts: args.allow_mount.clone(),
-                ..Policy::default()
-            }),
-            ..GuestSpec::new(&name, args.env.clone())
-        },
+        spec: g.spec(
+            &name,
+            g.env.clone(),
+            g.allow_mount.clone(),
+            GuestLimits::default(),
+        ),
         pre,
     };
     let (tx, mut rx) = mpsc::channel(16);
@@ -152,6 +206,163 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
             Some(ScannerEvent::Finished) | None => return Ok(ExitCode::SUCCESS),
         }
     }
+}
+
+/// The first tree `scanner` reports in `sandbox`, or why there is none (a refused tree, a
+/// failure, or a scanner that finished without one), as one line. The scanner is stopped on
+/// return.
+pub async fn first_tree(
+    sandbox: Arc<Sandbox>,
+    scanner: Scanner,
+) -> Result<Arc<DeviceTree>, String> {
+    let name = scanner.spec.name.clone();
+    let (tx, mut rx) = mpsc::channel(16);
+    let task = tokio::spawn(supervise(sandbox, scanner, RestartPolicy::Never, tx));
+    let event = rx.recv().await;
+    task.abort();
+    match event {
+        Some(ScannerEvent::Tree(tree)) => Ok(tree),
+        Some(ScannerEvent::Refused(e)) => {
+            Err(format!("scanner {name}: tree refused ({}): {e}", e.rule()))
+        }
+        Some(ScannerEvent::Failed { error, .. }) => Err(format!("scanner {name} failed: {error}")),
+        Some(ScannerEvent::Finished) | None => {
+            Err(format!("scanner {name} finished without reporting a tree"))
+        }
+    }
+}
+
+/// `wdp scan --from-snapshot`: the scanner over the recorded /sys and /dev, compared with the
+/// recorded tree.
+async fn replay(args: &ScanArgs, path: &Path) -> anyhow::Result<ExitCode> {
+    let snapshot = archive::read(path)?;
+    let m = &snapshot.manifest;
+    let g = &args.guest;
+    let work = tempfile::tempdir().context("cannot create a temporary directory")?;
+    let component = match &args.component {
+        Some(c) => {
+            let bytes = std::fs::read(c)
+                .with_context(|| format!("cannot read component {}", c.display()))?;
+            let sha = sha256_hex(&bytes);
+            if sha != m.component_sha256 {
+                eprintln!(
+                    "note: {} (sha256 {sha}) is not the recorded component {} (sha256 {}): \
+                     replaying another build",
+                    c.display(),
+                    m.component,
+                    m.component_sha256
+                );
+            }
+            c.clone()
+        }
+        None => {
+            let bytes = snapshot.component.as_deref().with_context(|| {
+                format!(
+                    "{} holds no component: give the scanner with --component",
+                    path.display()
+                )
+            })?;
+            // Not the recorded file name: the manifest is not trusted to name a path.
+            let file = work.path().join("component.wasm");
+            std::fs::write(&file, bytes)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            file
+        }
+    };
+    let sys = work.path().join("sys");
+    let dev = work.path().join("dev");
+    std::fs::create_dir_all(&sys).context("cannot create the replay's sys root")?;
+    std::fs::create_dir_all(&dev).context("cannot create the replay's dev root")?;
+    snapshot.extract_sys(&sys, path)?;
+    // The recorded configuration, with --env and --allow-mount added (an --env replaces the
+    // recorded value of the same key).
+    let mut env = m.env.clone();
+    for (k, v) in &g.env {
+        env.retain(|(key, _)| key != k);
+        env.push((k.clone(), v.clone()));
+    }
+    let mut allow_mount = m.allow_mount.clone();
+    allow_mount.extend(g.allow_mount.iter().cloned());
+    let name: Arc<str> = match &g.name {
+        Some(n) => n.as_str().into(),
+        None => m.scanner.as_str().into(),
+    };
+    let devfs = DevFs::from_table(Arc::new(snapshot.dev), "/dev".into());
+    let sandbox = Sandbox::with_options(
+        Roots { sys, dev },
+        SandboxOptions {
+            compile_cache: g.compile_cache.clone().map(CompileCache::new),
+            devfs: Some(devfs),
+            recorder: None,
+        },
+    )?;
+    let pre = sandbox.load(&component).await?.scanner()?;
+    let scanner = Scanner {
+        spec: g.spec(
+            &name,
+            env,
+            allow_mount,
+            m.limits.map(GuestLimits::from).unwrap_or_default(),
+        ),
+        pre,
+    };
+    let outcome = first_tree(sandbox, scanner).await;
+    if let Ok(tree) = &outcome {
+        print_tree(tree, args.format, 1).context("cannot write to stdout")?;
+    }
+    let diff = match (&m.error, &outcome) {
+        (None, Ok(tree)) => {
+            let replayed = serde_json::to_value(&**tree).context("cannot encode the tree")?;
+            tree_diff(&m.tree, &replayed)
+        }
+        (Some(recorded), Err(replayed)) if recorded == replayed => Vec::new(),
+        (Some(recorded), Err(replayed)) => vec![format!(
+            "the scanner failed differently: recorded {recorded:?}, replayed {replayed:?}"
+        )],
+        (None, Err(replayed)) => vec![format!(
+            "a tree was recorded, the replay has none: {replayed}"
+        )],
+        (Some(recorded), Ok(_)) => vec![format!(
+            "no tree was recorded ({recorded}), the replay has one"
+        )],
+    };
+    let when = format!(
+        "{} ({})",
+        m.created,
+        m.kernel_release.as_deref().unwrap_or("kernel unknown")
+    );
+    if diff.is_empty() {
+        match &m.error {
+            None => eprintln!(
+                "replay of {}: the tree equals the one recorded on {when}",
+                path.display()
+            ),
+            Some(e) => eprintln!(
+                "replay of {}: the scanner fails as it did on {when}: {e}",
+                path.display()
+            ),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "replay of {}: the outcome differs from the one recorded on {} ({} difference(s)):",
+        path.display(),
+        m.created,
+        diff.len()
+    );
+    for line in &diff {
+        eprintln!("  {line}");
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn print_tree(tree: &DeviceTree, format: Format, n: usize) -> std::io::Result<()> {

@@ -118,6 +118,9 @@ pub struct Pulled {
 impl Registry {
     /// A client speaking plain HTTP only to `options.insecure`.
     pub fn new(options: RegistryOptions) -> Self {
+        // The process-wide TLS provider reqwest builds its clients with (the workspace's
+        // Cargo.toml says why ring). Err only means one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = Client::new(ClientConfig {
             protocol: ClientProtocol::HttpsExcept(options.insecure.clone()),
             ..Default::default()

@@ -15,6 +15,7 @@ mod engine;
 mod limits;
 mod open_guard;
 pub mod output;
+mod recording;
 mod state;
 pub mod uevent;
 pub mod watch;
@@ -99,6 +100,17 @@ impl Default for Roots {
     }
 }
 
+/// What only `wdp snapshot` and its replay change in a sandbox.
+#[derive(Default)]
+pub struct SandboxOptions {
+    /// Keep compiled components here across runs.
+    pub compile_cache: Option<compile_cache::CompileCache>,
+    /// Serve /dev from this instead of opening the dev root (a replayed snapshot's table).
+    pub devfs: Option<DevFs>,
+    /// Note every path guests (and the host for them) ask about under /sys and /dev.
+    pub recorder: Option<Arc<crate::snapshot::record::Recorder>>,
+}
+
 /// Errors setting up the sandbox or loading a component.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -161,10 +173,34 @@ impl Sandbox {
         roots: Roots,
         cache: Option<compile_cache::CompileCache>,
     ) -> Result<Arc<Self>, SandboxError> {
-        let devfs = DevFs::open(&roots.dev).map_err(|source| SandboxError::DevRoot {
-            path: roots.dev.clone(),
-            source,
-        })?;
+        Self::with_options(
+            roots,
+            SandboxOptions {
+                compile_cache: cache,
+                ..SandboxOptions::default()
+            },
+        )
+    }
+
+    /// The sandbox of `wdp snapshot` and `wdp scan --from-snapshot`: like
+    /// [`Sandbox::with_compile_cache`], with the extras `options` names.
+    pub fn with_options(roots: Roots, options: SandboxOptions) -> Result<Arc<Self>, SandboxError> {
+        let SandboxOptions {
+            compile_cache: cache,
+            devfs,
+            recorder,
+        } = options;
+        let devfs = match devfs {
+            Some(devfs) => devfs,
+            None => DevFs::open(&roots.dev).map_err(|source| SandboxError::DevRoot {
+                path: roots.dev.clone(),
+                source,
+            })?,
+        };
+        let devfs = match &recorder {
+            Some(r) => devfs.recording(r.clone()),
+            None => devfs,
+        };
         std::fs::read_dir(&roots.sys).map_err(|source| SandboxError::SysRoot {
             path: roots.sys.clone(),
             source,
@@ -173,6 +209,9 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
         open_guard::install(&mut linker).map_err(SandboxError::Engine)?;
+        if let Some(r) = recorder {
+            recording::install(&mut linker, r).map_err(SandboxError::Engine)?;
+        }
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
@@ -268,6 +307,7 @@ impl Sandbox {
             })?;
         let limits = limits::GuestLimiter {
             memory: usize::try_from(guest.limits.memory).unwrap_or(usize::MAX),
+            usage: sink.is_some().then(|| guest.metrics.clone()),
         };
         let state = GuestState {
             spec: guest.clone(),

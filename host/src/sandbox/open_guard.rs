@@ -11,7 +11,7 @@
 //! entry between the look and the open.
 
 use wasmtime::component::{Linker, Resource};
-use wasmtime_wasi::filesystem::WasiFilesystemView;
+use wasmtime_wasi::filesystem::{WasiFilesystemCtxView, WasiFilesystemView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     Descriptor, DescriptorFlags, DescriptorType, ErrorCode, Host, HostDescriptor, OpenFlags,
     PathFlags,
@@ -21,16 +21,16 @@ use super::GuestState;
 
 /// The `wasi:filesystem/types` instance wasmtime-wasi 48 defines; guests importing an older
 /// 0.2.x are matched to it by semver, so this one shadow covers them all.
-const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+pub(super) const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 
-type OpenAtParams = (
+pub(super) type OpenAtParams = (
     Resource<Descriptor>,
     PathFlags,
     String,
     OpenFlags,
     DescriptorFlags,
 );
-type OpenAtResult = (Result<Resource<Descriptor>, ErrorCode>,);
+pub(super) type OpenAtResult = (Result<Resource<Descriptor>, ErrorCode>,);
 
 /// Replaces `[method]descriptor.open-at` in `linker` (which already has wasmtime-wasi linked).
 pub fn install(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
@@ -41,31 +41,41 @@ pub fn install(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
         |mut store, (fd, path_flags, path, oflags, flags): OpenAtParams| {
             Box::new(async move {
                 let mut fs = store.data_mut().filesystem();
-                let look = Resource::new_borrow(fd.rep());
-                let kind =
-                    match HostDescriptor::stat_at(&mut fs, look, path_flags, path.clone()).await {
-                        Ok(stat) => Some(stat.type_),
-                        // Not found and the like: let open-at report it (it may be a create, which
-                        // the read-only preopen refuses with its own error).
-                        Err(_) => None,
-                    };
-                if let Some(kind) = kind
-                    && !matches!(
-                        kind,
-                        DescriptorType::Directory | DescriptorType::RegularFile
-                    )
-                {
-                    return Ok::<OpenAtResult, wasmtime::Error>((Err(ErrorCode::NotPermitted),));
-                }
-                let opened =
-                    HostDescriptor::open_at(&mut fs, fd, path_flags, path, oflags, flags).await;
-                Ok((match opened {
-                    Ok(descriptor) => Ok(descriptor),
-                    Err(e) => Err(fs.convert_error_code(e)?),
-                },))
+                open_at(&mut fs, fd, path_flags, path, oflags, flags).await
             })
         },
     )?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// The guarded `open-at`: also what the recording hooks (`wdp snapshot`) delegate to.
+pub(super) async fn open_at(
+    fs: &mut WasiFilesystemCtxView<'_>,
+    fd: Resource<Descriptor>,
+    path_flags: PathFlags,
+    path: String,
+    oflags: OpenFlags,
+    flags: DescriptorFlags,
+) -> wasmtime::Result<OpenAtResult> {
+    let look = Resource::new_borrow(fd.rep());
+    let kind = match HostDescriptor::stat_at(fs, look, path_flags, path.clone()).await {
+        Ok(stat) => Some(stat.type_),
+        // Not found and the like: let open-at report it (it may be a create, which the read-only
+        // preopen refuses with its own error).
+        Err(_) => None,
+    };
+    if let Some(kind) = kind
+        && !matches!(
+            kind,
+            DescriptorType::Directory | DescriptorType::RegularFile
+        )
+    {
+        return Ok((Err(ErrorCode::NotPermitted),));
+    }
+    let opened = HostDescriptor::open_at(fs, fd, path_flags, path, oflags, flags).await;
+    Ok((match opened {
+        Ok(descriptor) => Ok(descriptor),
+        Err(e) => Err(fs.convert_error_code(e)?),
+    },))
 }

@@ -130,6 +130,7 @@ impl notifier::Host for GuestState {
             return Ok(());
         };
         let metrics = &self.spec.metrics;
+        metrics.notified();
         let notified = match self.spec.policy.check_tree(tree, &self.devfs) {
             Ok(mut tree) => {
                 self.topology.fill(&mut tree, &self.devfs);
@@ -211,6 +212,7 @@ impl devfs::Host for GuestState {
             Err(_) => false,
         };
         self.changes.borrow_and_update();
+        self.spec.metrics.woke();
         self.cpu.check_in();
         Ok(changed)
     }

@@ -1,0 +1,220 @@
+//! The idle host: every bundled Rust scanner loaded in one `wdp run`, then left alone. Its
+//! resident memory, and whether it wakes up more often than the 30 s safety rescan (anything
+//! else would be a scanner polling).
+//!
+//! It returns its rows rather than pushing them to the report: it runs in a task of its own beside
+//! the poll baseline (which spends its time asleep), and the report stays with the main task.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, ensure};
+use wdp_bench::fixtures::{self, demo_fixture, demo_resources, scanner_yaml, write_config};
+
+use super::shared::{Ctx, expect, expect_quiet, guest, ms, plugin_dir};
+use crate::e2e::{self, RunOptions, WdpRun, kubelet};
+use crate::report::Row;
+
+/// Every bundled Rust scanner, one `wdp run`, idle: resident memory and wake-ups.
+pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, String)>)> {
+    println!(
+        "\n== idle host, every bundled Rust scanner loaded (runs beside the poll baseline) =="
+    );
+    let (f, _demo) = demo_fixture();
+    let resources = demo_resources();
+    let (_, demo_text) = fixtures::demo_config(&f);
+    // The demo's two scanners as they are, then every other bundled scanner with its defaults.
+    let mut entries = vec![
+        demo_text
+            .split_once("scanners:\n")
+            .map(|(_, s)| s.to_string())
+            .context("demo config has scanners:")?,
+    ];
+    let others = [
+        "gpu", "qat", "idxd", "sgx", "npu", "dlb", "vfio", "nvidia", "usb", "serial",
+    ];
+    for name in others {
+        // The three that have no default for what they select (they fail without it).
+        let env: &[(&str, &str)] = match name {
+            "idxd" => &[("IDXD_DEVICE", "dsa")],
+            "vfio" => &[("VFIO_DEVICE_IDS", "0x0b25")],
+            "usb" => &[("USB_DEVICES", "1050:0407")],
+            _ => &[],
+        };
+        entries.push(scanner_yaml(
+            name,
+            &guest(name),
+            &format!("{name}.wdp.dev"),
+            env,
+            None,
+        ));
+    }
+    let config = write_config(&f, "all.yaml", &entries);
+    let (_kubelet, mut obs) = kubelet(&plugin_dir(&f))?;
+    // A first start compiles the ten scanners no earlier row used: its memory includes the
+    // compiler's. Measured, then the host is restarted from the warm cache, as on any restart.
+    let cold = {
+        let host = ctx.start(&f, &config)?;
+        expect(&mut obs, &host, "demo resources", ms(120_000), |o| {
+            o.all_listed(&resources)
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mem = wdp_bench::procfs::memory(host.pid)?;
+        host.stop().await?;
+        expect_quiet(&mut obs, &resources).await;
+        obs.forget();
+        mem
+    };
+    // JSON logs, with the change watcher's trace events: kernel uevents (which describe the real
+    // machine, whatever the fixture) wake every scanner, and the timeline says which bursts they
+    // explain.
+    let host = WdpRun::start(
+        &f,
+        &RunOptions {
+            wdp: &ctx.wdp,
+            config: &config,
+            plugin_dir: &plugin_dir(&f),
+            compile_cache: &ctx.cache,
+            json_logs: true,
+            log_filter: "info,wdp::sandbox::watch=trace",
+        },
+    )?;
+    expect(&mut obs, &host, "demo resources", ms(60_000), |o| {
+        o.all_listed(&resources)
+    })
+    .await?;
+    // Let every scanner settle in wait-for-change, and tokio's blocking-pool threads (used while
+    // starting) reach their 10 s keep-alive and exit: those are one-off wake-ups.
+    tokio::time::sleep(SETTLE).await;
+    let pid = host.pid;
+    let mem = wdp_bench::procfs::memory(pid)?;
+    let cpu0 = wdp_bench::procfs::cpu_ticks(pid)?;
+    // (second, wake-ups, threads that exited) for every second with any.
+    let mut timeline: Vec<(u64, u64, usize)> = Vec::new();
+    let mut last = wdp_bench::procfs::thread_switches(pid)?;
+    let begin = Instant::now();
+    let begin_wall = SystemTime::now();
+    let mut second = 0u64;
+    while begin.elapsed() < window {
+        second += 1;
+        tokio::time::sleep_until((begin + Duration::from_secs(second)).into()).await;
+        let now = wdp_bench::procfs::thread_switches(pid)?;
+        let woke: u64 = now
+            .iter()
+            .map(|(tid, n)| n.saturating_sub(last.get(tid).copied().unwrap_or(0)))
+            .sum();
+        let exited = last.keys().filter(|t| !now.contains_key(t)).count();
+        if woke > 0 || exited > 0 {
+            timeline.push((second, woke, exited));
+        }
+        last = now;
+    }
+    let cpu1 = wdp_bench::procfs::cpu_ticks(pid)?;
+    let mem_end = wdp_bench::procfs::memory(pid)?;
+    let log = host.log_text();
+    host.stop().await?;
+    let scanners = 2 + others.len();
+    let failed = log.matches("scanner failed").count();
+    // A failing scanner restarts with backoff (1 s doubling): that would be measured as wake-ups.
+    ensure!(
+        failed == 0,
+        "{failed} scanner failures in the idle host's log: the idle figures would be wrong:\n{}",
+        log.lines()
+            .filter(|l| l.contains("scanner failed"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let secs = window.as_secs();
+    // Kernel uevents in the window, by second (1-based like the timeline).
+    let uevents: Vec<u64> = e2e::read_json_log(&log)
+        .iter()
+        .filter(|e| e.message == "kernel uevent")
+        .filter_map(|e| e.at.duration_since(begin_wall).ok())
+        .map(|d| d.as_secs() + 1)
+        .filter(|s| *s <= secs)
+        .collect();
+    let total: u64 = timeline.iter().map(|(_, n, _)| n).sum();
+    // A uevent, or a rescan, starts an episode: its scans, then (10 s later) the exit of the
+    // blocking-pool threads its file reads used. Wake-ups a uevent explains are set aside; the
+    // rest are merged into episodes, which must be as far apart as the 30 s safety rescan.
+    let explained = |s: u64| uevents.iter().any(|u| s + 1 >= *u && s <= u + 12);
+    let mut spans: Vec<(u64, u64)> = Vec::new(); // (first second, last second)
+    for &(s, _, _) in timeline.iter().filter(|(s, _, _)| !explained(*s)) {
+        match spans.last_mut() {
+            Some(span) if s <= span.1 + 12 => span.1 = s,
+            _ => spans.push((s, s)),
+        }
+    }
+    let episodes: Vec<u64> = spans.iter().map(|(first, _)| *first).collect();
+    let shortest_gap = episodes.windows(2).map(|w| w[1] - w[0]).min();
+    let met = shortest_gap.is_none_or(|g| g >= 25);
+    let rss_mib = mem.vm_rss as f64 / 1024.0;
+    let rows = vec![
+        Row::value(
+            &format!("resident memory, idle, {scanners} Rust scanners loaded"),
+            "<= 20 MiB",
+            format!("{rss_mib:.1} MiB"),
+            format!("{:.1} MiB at the end", mem_end.vm_rss as f64 / 1024.0),
+            Some(rss_mib <= 20.0),
+            &format!(
+                "VmRSS of a start from the warm compile cache, {} s idle: anon {} KiB, file (binary text and data) {} KiB; {} threads. First start (compiling): {:.1} MiB",
+                SETTLE.as_secs(),
+                mem.rss_anon,
+                mem.rss_file,
+                mem.threads,
+                cold.vm_rss as f64 / 1024.0
+            ),
+        ),
+        Row::value(
+            "CPU when nothing changes: wake-ups",
+            "none more often than the 30 s rescan",
+            format!("{} episodes in {secs} s", episodes.len()),
+            match shortest_gap {
+                Some(g) => format!("{g} s apart at least"),
+                None => "-".into(),
+            },
+            Some(met),
+            &format!(
+                "{total} context switches over all threads in {secs} s, {} kernel uevents; CPU {} ticks; see the timeline",
+                uevents.len(),
+                cpu1.saturating_sub(cpu0)
+            ),
+        ),
+    ];
+    let tl = if timeline.is_empty() {
+        "none".to_string()
+    } else {
+        timeline
+            .iter()
+            .map(|(s, n, exited)| {
+                let mut t = format!("{s}: {n}");
+                if *exited > 0 {
+                    t += &format!(" ({exited} threads exited)");
+                }
+                if uevents.contains(s) {
+                    t += " (uevent)";
+                }
+                t
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let details = vec![(
+        "Idle timeline".into(),
+        format!(
+            "Wake-ups (voluntary + involuntary context switches, summed over threads) of the idle \
+             host, per second of the {secs} s window that starts {} s after all resources were \
+             listed (second: count): {tl}.\n\nEpisodes not explained by a kernel uevent start at \
+             seconds {episodes:?}; kernel uevents at seconds {uevents:?}.\n",
+            SETTLE.as_secs()
+        ),
+    )];
+    for r in &rows {
+        r.print();
+    }
+    Ok((rows, details))
+}
+
+/// Wait before the idle window: longer than tokio's 10 s blocking-thread keep-alive.
+const SETTLE: Duration = Duration::from_secs(12);

@@ -1,0 +1,23 @@
+//! The scenarios of the table, one module each. Each starts what it measures (fixture,
+//! kubelet stand-in, `wdp run` or the sandbox itself), measures, and adds its rows and details
+//! to the report; `main` only picks and orders them.
+//!
+//! | module | rows (`--only`) |
+//! |---|---|
+//! | [`hotplug`] | `hotplug`, `poll`, `newtype` |
+//! | [`allocate`] | `allocate` |
+//! | [`restart`] | `restart` |
+//! | [`startup`] | `startup` |
+//! | [`idle`] | `idle` |
+//! | [`bulk`] | `bulk` |
+//! | [`native`] | `wasm` |
+
+pub mod allocate;
+pub mod bulk;
+pub mod hotplug;
+pub mod idle;
+pub mod native;
+pub mod restart;
+pub mod shared;
+pub mod sizes;
+pub mod startup;

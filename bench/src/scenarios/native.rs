@@ -1,0 +1,262 @@
+//! Wasm against native: the `generic` scanner as a component in the wdp sandbox, against its own
+//! discovery code compiled for this machine (`generic-native`, run as a process), over the same
+//! fixture. The host's own work on the notified tree, which both sides pay, is measured natively
+//! and subtracted from the wasm spans.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use tokio::sync::mpsc;
+use wdp::policy::Policy;
+use wdp::sandbox::devfs::DevFs;
+use wdp::sandbox::watch::ChangeWatcher;
+use wdp::sandbox::{GuestSpec, Roots, Sandbox};
+use wdp::scanner::ScannerEvent;
+use wdp::topology::Topology;
+use wdp_bench::fixtures::{self, BenchFixture, Fixture};
+use wdp_bench::stats::{Summary, human};
+
+use super::shared::{guest, ms};
+use super::sizes::Sizes;
+use crate::e2e::Jitter;
+use crate::report::{Report, Row};
+
+/// `generic-native` from `--native BIN` instead of this tree's build.
+pub static NATIVE: OnceLock<PathBuf> = OnceLock::new();
+
+/// The `generic` scanner over the same 1,000-node fixture: as a wasm component in the sandbox,
+/// and its own discovery code compiled natively.
+pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
+    let n = sizes.wasm_devices;
+    println!("\n== wasm scanner vs the same logic native, {n} devices ==");
+    let f = BenchFixture::new();
+    fixtures::bulk(&f, "bench", n);
+    // Each match as a mount rather than a device node: the scan is the same glob and the same
+    // tree building, but the host's own work on the tree (which both sides pay, and which is
+    // subtracted below) shrinks to validation: no node-exists stat and no NUMA lookup per device.
+    let devices =
+        r#"[{"name":"bench","groups":[{"paths":[{"path":"/dev/bench/d*","type":"Mount"}]}]}]"#
+            .to_string();
+    let policy = Arc::new(Policy {
+        allowed_mounts: vec!["/dev/bench".into()],
+        ..Policy::default()
+    });
+
+    // Native: generic's config.rs + discover.rs compiled for this machine, over std::fs.
+    let native_std = native_scans(&f, &devices, n, sizes.native_runs).await?;
+    // What the host does with a notified tree, natively, on the same tree: policy (node-exists
+    // for every node), conversion, NUMA lookups.
+    let devfs = DevFs::open(&f.dev())?;
+    let topology = Topology::new(&f.sys());
+    let mut host_check = Vec::new();
+    let tree = fixtures::synthetic_tree("bench", "bench", n, true);
+    for i in 0..(sizes.native_runs + 10) {
+        let groups = tree.clone();
+        let t0 = Instant::now();
+        let mut checked = policy.check_tree(groups, &devfs)?;
+        topology.fill(&mut checked, &devfs);
+        let d = t0.elapsed();
+        std::hint::black_box(checked);
+        if i >= 10 {
+            host_check.push(d);
+        }
+    }
+
+    // Wasm: the real component in the wdp sandbox over the same fixture.
+    let sandbox = Sandbox::new(Roots {
+        sys: f.sys(),
+        dev: f.dev(),
+    })?;
+    let component = sandbox.load(&guest("generic")).await?;
+    let pre = component.scanner()?;
+    let spec = GuestSpec {
+        policy,
+        ..GuestSpec::new(
+            "generic",
+            vec![
+                ("DEVICES".into(), devices.clone()),
+                ("RESCAN_INTERVAL_MS".into(), "600000".into()),
+            ],
+        )
+    };
+    // Cold: a fresh instance's first scan, from the end of instantiation to the validated tree.
+    let mut cold = Vec::new();
+    let mut instantiate = Vec::new();
+    for _ in 0..sizes.wasm_cold {
+        let (tx, mut rx) = mpsc::channel(4);
+        let mut store = sandbox.store(&spec, Some(tx))?;
+        let running = sandbox.clock().running();
+        let t_inst = Instant::now();
+        let plugin = pre.instantiate_async(&mut store).await?;
+        let t0 = Instant::now();
+        instantiate.push(t0 - t_inst);
+        let task = tokio::spawn(async move {
+            let _running = running;
+            plugin
+                .wdp_device_plugin_scanner()
+                .call_scan(&mut store)
+                .await
+        });
+        let first = rx.recv().await;
+        cold.push(t0.elapsed());
+        task.abort();
+        match first {
+            Some(ScannerEvent::Tree(t)) => ensure!(t.device_count() == n, "wasm tree size"),
+            other => bail!("expected a tree from the wasm scanner, got {other:?}"),
+        }
+    }
+    // Warm: one instance, a node added and removed in turn; each change is timed from the
+    // moment an inotify watcher of our own wakes (the guest's wake-up comes from the same event)
+    // to the validated tree.
+    let watcher = ChangeWatcher::start(&f.dev(), &f.sys());
+    let mut woke = watcher.subscribe();
+    let (tx, mut rx) = mpsc::channel(4);
+    let mut store = sandbox.store(&spec, Some(tx))?;
+    let running = sandbox.clock().running();
+    let plugin = pre.instantiate_async(&mut store).await?;
+    let task = tokio::spawn(async move {
+        let _running = running;
+        plugin
+            .wdp_device_plugin_scanner()
+            .call_scan(&mut store)
+            .await
+    });
+    let first = rx.recv().await;
+    ensure!(matches!(first, Some(ScannerEvent::Tree(_))), "first tree");
+    let extra = format!("bench/d{n}");
+    let mut warm = Vec::new();
+    let mut warm_total = Vec::new();
+    let mut jitter = Jitter::new();
+    for i in 0..sizes.wasm_warm {
+        tokio::time::sleep(jitter.between(ms(10), ms(30))).await;
+        woke.borrow_and_update();
+        let t0 = Instant::now();
+        let want = if i % 2 == 0 {
+            f.char_dev(&extra, fixtures::BULK_MAJOR, n as u32);
+            n + 1
+        } else {
+            f.remove_dev(&extra);
+            n
+        };
+        tokio::time::timeout(Duration::from_secs(10), woke.changed()).await??;
+        let t_w = Instant::now();
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await?
+            .context("scanner stopped")?;
+        let t1 = Instant::now();
+        match got {
+            ScannerEvent::Tree(t) => ensure!(t.device_count() == want, "warm tree size"),
+            other => bail!("expected a tree, got {other:?}"),
+        }
+        warm.push(t1 - t_w);
+        warm_total.push(t1 - t0);
+    }
+    task.abort();
+    drop(watcher);
+
+    let med = |v: &[Duration]| Summary::of(v).map(|s| s.median).unwrap_or_default();
+    let (std_m, check_m) = (med(&native_std), med(&host_check));
+    let warm_scan = med(&warm).saturating_sub(check_m);
+    let cold_scan = med(&cold).saturating_sub(check_m);
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    let r_warm = ratio(warm_scan, std_m);
+    report.push(Row::value(
+        &format!("wasm scanner vs the same logic native, {n} devices"),
+        "<= 1.5x native",
+        format!("{r_warm:.2}x"),
+        format!("{:.2}x cold instance", ratio(cold_scan, std_m)),
+        Some(r_warm <= 1.5),
+        &format!(
+            "generic over `/dev/bench/d*` (as mounts); scan medians: wasm {} (warm instance), native {}",
+            human(warm_scan),
+            human(std_m)
+        ),
+    ));
+    let line = |name: &str, v: &[Duration]| -> String {
+        match Summary::of(v) {
+            Some(s) => format!(
+                "| {name} | {} | {} | {} |\n",
+                human(s.median),
+                human(s.p99),
+                s.n
+            ),
+            None => format!("| {name} | - | - | 0 |\n"),
+        }
+    };
+    let mut t = String::from(
+        "Medians are of the measured spans; the scan estimates subtract the host's own work on \
+         the notified tree (measured natively on the same tree), which both sides pay.\n\n\
+         | span | median | p99 | n |\n|---|---|---|---|\n",
+    );
+    t += &line(
+        "native scan (`generic-native`: parse DEVICES + discover over std::fs)",
+        &native_std,
+    );
+    t += &line(
+        "host work on the notified tree (validation, policy), native",
+        &host_check,
+    );
+    t += &line("wasm: instantiate a fresh instance", &instantiate);
+    t += &line(
+        "wasm, fresh instance: first scan + notify + host work",
+        &cold,
+    );
+    t += &line(
+        "wasm, warm instance: wake-up to validated tree (scan + notify + host work)",
+        &warm,
+    );
+    t += &line(
+        "wasm, warm instance: mknod/unlink to validated tree",
+        &warm_total,
+    );
+    t += &format!(
+        "\nEstimated wasm scan (warm): {} = {:.2}x native. Fresh instance: {} = {:.2}x.\n",
+        human(warm_scan),
+        r_warm,
+        human(cold_scan),
+        ratio(cold_scan, std_m)
+    );
+    report
+        .details
+        .push((format!("Wasm vs native, {n} devices"), t));
+    Ok(())
+}
+
+/// Runs `generic-native` over the fixture and returns its timed scans.
+async fn native_scans(f: &Fixture, devices: &str, n: usize, runs: usize) -> Result<Vec<Duration>> {
+    let bin = NATIVE
+        .get()
+        .cloned()
+        .unwrap_or_else(fixtures::generic_native_bin);
+    let out = tokio::process::Command::new(&bin)
+        .arg("--dev-root")
+        .arg(f.dev())
+        .arg("--sys-root")
+        .arg(f.sys())
+        .args(["--devices", devices, "--runs", &runs.to_string()])
+        .output()
+        .await
+        .with_context(|| {
+            format!(
+                "run {} (built by `make bench`: cargo build --release -p generic-native in guest-scanners)",
+                bin.display()
+            )
+        })?;
+    ensure!(
+        out.status.success(),
+        "generic-native failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let mut lines = text.lines();
+    let found = lines.next().and_then(|l| l.strip_prefix("devices "));
+    ensure!(
+        found == Some(&n.to_string()),
+        "generic-native found {found:?} devices, expected {n}"
+    );
+    lines
+        .map(|l| Ok(Duration::from_nanos(l.trim().parse()?)))
+        .collect()
+}

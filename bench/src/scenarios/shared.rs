@@ -1,0 +1,93 @@
+//! What several scenarios use: which components to run, how a scenario starts its host, and
+//! waiting on the stand-in with the host's log attached when the wait fails (a timeout alone says
+//! nothing about why).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use wdp_bench::fixtures::Fixture;
+
+use crate::e2e::{Observer, RunOptions, WdpRun};
+
+/// Components from `--guests DIR` instead of this tree's build (for what-if runs).
+pub static GUESTS: OnceLock<PathBuf> = OnceLock::new();
+
+/// The compiled guest `name` (`generic`, `kvm`, `test_hooks`, ...).
+pub fn guest(name: &str) -> PathBuf {
+    match GUESTS.get() {
+        Some(dir) => dir.join(format!("{name}.wasm")),
+        None => wdp_tests::guest(name),
+    }
+}
+
+/// What every host of the run shares: the binary under test and one compiled-component cache
+/// (so only the first scenario to load a component pays for compiling it).
+#[derive(Clone)]
+pub struct Ctx {
+    /// The `wdp` binary.
+    pub wdp: PathBuf,
+    /// The `--compile-cache` of every host started with [`Ctx::start`].
+    pub cache: PathBuf,
+}
+
+impl Ctx {
+    /// Starts `wdp run` over the fixture with `config`, as shipped: text logs at `info`.
+    pub fn start(&self, f: &Fixture, config: &Path) -> Result<WdpRun> {
+        WdpRun::start(
+            f,
+            &RunOptions {
+                wdp: &self.wdp,
+                config,
+                plugin_dir: &plugin_dir(f),
+                compile_cache: &self.cache,
+                json_logs: false,
+                log_filter: "info",
+            },
+        )
+    }
+}
+
+/// The fixture's kubelet plugin directory (the stand-in's and the host's sockets).
+pub fn plugin_dir(f: &Fixture) -> PathBuf {
+    f.path().join("plugins")
+}
+
+/// Waits for a condition; on failure the host's log goes with the error.
+pub async fn expect(
+    obs: &mut Observer,
+    host: &WdpRun,
+    what: &str,
+    timeout: Duration,
+    done: impl FnMut(&Observer) -> bool,
+) -> Result<Instant> {
+    match obs.until(what, timeout, done).await {
+        Ok(at) => Ok(at),
+        Err(e) => {
+            let log = host.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            Err(e.context(format!("host log (tail):\n{}", tail.join("\n"))))
+        }
+    }
+}
+
+/// After a host stops, waits until the stand-in saw every stream end (at most 5 s).
+pub async fn expect_quiet(obs: &mut Observer, resources: &[String]) {
+    let _ = obs
+        .until("streams ended", Duration::from_secs(5), |o| {
+            resources.iter().all(|r| o.ended.contains(r))
+        })
+        .await;
+}
+
+/// `n` milliseconds (targets and jitter read better in the unit they are written in).
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// `n` microseconds.
+pub fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}

@@ -1,0 +1,75 @@
+//! How much each scenario measures: the full run of `make bench`, or a smoke run (`--quick`)
+//! that shrinks every count so the whole driver can be checked in a couple of minutes.
+
+use std::time::Duration;
+
+/// Run sizes. `--quick` shrinks every count for a smoke run.
+pub struct Sizes {
+    /// Plug/unplug cycles of the event-driven hot-plug row.
+    pub hotplug_cycles: usize,
+    /// Plug/unplug cycles of the 5 s poll baseline (each costs up to two periods).
+    pub poll_cycles: usize,
+    /// Appear/vanish cycles of the new-device-type row.
+    pub newtype_cycles: usize,
+    /// Measured Allocate calls per resource (after a tenth as many warm-up calls).
+    pub allocate_calls: usize,
+    /// kubelet restarts.
+    pub restarts: usize,
+    /// Warm starts of the host (after one cold start).
+    pub starts: usize,
+    /// The idle host's observation window.
+    pub idle: Duration,
+    /// Devices of the one-type bulk fixture.
+    pub bulk_devices: usize,
+    /// Add/remove cycles over the bulk fixture.
+    pub bulk_cycles: usize,
+    /// Devices of the wasm-vs-native fixture.
+    pub wasm_devices: usize,
+    /// Fresh wasm instances, each timed on its first scan.
+    pub wasm_cold: usize,
+    /// Changes seen by one warm wasm instance.
+    pub wasm_warm: usize,
+    /// Timed scans of `generic-native`.
+    pub native_runs: usize,
+}
+
+impl Sizes {
+    /// The sizes of `make bench`.
+    pub fn full() -> Self {
+        Sizes {
+            hotplug_cycles: 100,
+            poll_cycles: 6,
+            newtype_cycles: 20,
+            allocate_calls: 2000,
+            restarts: 30,
+            starts: 10,
+            // Two default 30 s safety rescans show in the timeline.
+            idle: Duration::from_secs(62),
+            bulk_devices: 10_000,
+            bulk_cycles: 15,
+            wasm_devices: 1000,
+            wasm_cold: 20,
+            wasm_warm: 40,
+            native_runs: 200,
+        }
+    }
+
+    /// The sizes of `--quick`.
+    pub fn quick() -> Self {
+        Sizes {
+            hotplug_cycles: 10,
+            poll_cycles: 1,
+            newtype_cycles: 3,
+            allocate_calls: 200,
+            restarts: 5,
+            starts: 3,
+            idle: Duration::from_secs(10),
+            bulk_devices: 10_000,
+            bulk_cycles: 3,
+            wasm_devices: 1000,
+            wasm_cold: 3,
+            wasm_warm: 5,
+            native_runs: 20,
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Start-up: from the spawn of `wdp run` to every resource registered with kubelet, with the
+//! compile cache warm (as on any restart), and where the time goes (read from the host's JSON
+//! log).
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::Result;
+use wdp_bench::fixtures::{demo_fixture, demo_resources};
+use wdp_bench::stats::human;
+
+use super::shared::{Ctx, expect, expect_quiet, ms, plugin_dir};
+use super::sizes::Sizes;
+use crate::e2e::{self, RunOptions, WdpRun, kubelet};
+use crate::report::{self, Report, Row};
+
+/// Starts the host over the demo configuration, once cold then `sizes.starts` times from the
+/// warm cache, and times each start to the last registration and the last first list.
+pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
+    println!("\n== process start -> every resource registered (compile cache warm) ==");
+    let (f, config) = demo_fixture();
+    let resources = demo_resources();
+    let dir = plugin_dir(&f);
+    let cache = f.path().join("compiled");
+    let (_kubelet, mut obs) = kubelet(&dir)?;
+    let mut cold = None;
+    let (mut registered, mut listed) = (Vec::new(), Vec::new());
+    let mut phases: Vec<Vec<(String, Duration)>> = Vec::new();
+    for run in 0..=sizes.starts {
+        obs.forget();
+        let host = WdpRun::start(
+            &f,
+            &RunOptions {
+                wdp: &ctx.wdp,
+                config: &config,
+                plugin_dir: &dir,
+                compile_cache: &cache,
+                json_logs: true,
+                log_filter: "info",
+            },
+        )?;
+        let t0 = host.spawned;
+        let t_reg = expect(&mut obs, &host, "all registered", ms(60_000), |o| {
+            o.all_registered(&resources)
+        })
+        .await?;
+        let t_list = expect(&mut obs, &host, "all listed", ms(60_000), |o| {
+            o.all_listed(&resources)
+        })
+        .await?;
+        let log = host.log_text();
+        let spawned_wall = host.spawned_wall;
+        host.stop().await?;
+        expect_quiet(&mut obs, &resources).await;
+        if run == 0 {
+            cold = Some(t_reg - t0);
+            continue;
+        }
+        registered.push(t_reg - t0);
+        listed.push(t_list - t0);
+        phases.push(startup_phases(&log, spawned_wall));
+    }
+    report.push(Row::timed(
+        "process start -> every resource registered (cache warm)",
+        "<= 150 ms",
+        &registered,
+        |s| s.median <= ms(150),
+        "`demo/wdp.yaml`, 10 resources; spawn of `wdp run` to the stand-in's last Register",
+    ));
+    report.push(Row::timed(
+        "process start -> every resource listed (cache warm)",
+        "(no target)",
+        &listed,
+        |_| true,
+        "same, to the last first ListAndWatch message",
+    ));
+    if let Some(cold) = cold {
+        report.details.push((
+            "Start-up with a cold compile cache".into(),
+            format!(
+                "The first start of the same configuration, compiling both components: {} to every resource registered.\n",
+                human(cold)
+            ),
+        ));
+    }
+    report.details.push((
+        "Start-up breakdown (median of the warm starts, from the host's JSON log)".into(),
+        report::phase_table(&phases),
+    ));
+    Ok(())
+}
+
+/// Milestones of one start, relative to the spawn: when the first log line was written (the
+/// process is up and has read its config), each component loaded, "running", the last
+/// "registered with kubelet".
+fn startup_phases(log: &str, spawned: SystemTime) -> Vec<(String, Duration)> {
+    let events = e2e::read_json_log(log);
+    let since = |t: SystemTime| t.duration_since(spawned).unwrap_or_default();
+    let mut out = Vec::new();
+    if let Some(first) = events.first() {
+        out.push((
+            "first log line (exec, runtime, config)".into(),
+            since(first.at),
+        ));
+    }
+    let loads: Vec<_> = events
+        .iter()
+        .filter(|e| e.message.starts_with("component loaded") || e.message == "component compiled")
+        .collect();
+    if let Some(last) = loads.last() {
+        out.push((
+            format!("{} components loaded from the cache", loads.len()),
+            since(last.at),
+        ));
+    }
+    if let Some(running) = events.iter().find(|e| e.message == "running") {
+        out.push(("\"running\" (scanners spawned)".into(), since(running.at)));
+    }
+    if let Some(first) = events
+        .iter()
+        .find(|e| e.message == "serving new device type")
+    {
+        out.push(("first device type served".into(), since(first.at)));
+    }
+    let regs: Vec<_> = events
+        .iter()
+        .filter(|e| e.message == "registered with kubelet")
+        .collect();
+    if let Some(first) = regs.first() {
+        out.push(("first \"registered with kubelet\"".into(), since(first.at)));
+    }
+    if let Some(last) = regs.last() {
+        out.push(("last \"registered with kubelet\"".into(), since(last.at)));
+    }
+    out
+}

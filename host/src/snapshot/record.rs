@@ -1,0 +1,334 @@
+//! The recorder: which paths a scanner (and the host on its behalf) looked at, and, at the end,
+//! what those paths held.
+//!
+//! During the scan only the questions are kept (a root, a path, the kind of access), cheaply and
+//! deduplicated. [`Recorder::finish`] then resolves each one again over the host's roots, step by
+//! step ([`super::resolve`]), and keeps every directory and symlink it passes through, the final
+//! entry, the full listing of each directory the scanner read, and the contents of each regular
+//! file under /sys the scanner opened (at most [`MAX_FILE`] bytes). Nothing under /dev is ever
+//! opened: its entries are metadata only.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::resolve::{Kind, Lookup, ResolveError, Stat, resolve};
+use crate::tree::DeviceTree;
+
+/// Most bytes kept of one /sys file (sysfs attributes are at most a page; binary ones such as a
+/// PCI `config` a few KiB).
+pub const MAX_FILE: usize = 64 << 10;
+
+/// Which root a path is under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Root {
+    Sys,
+    Dev,
+}
+
+/// What was asked of a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    /// Opened (a file's contents are kept; a directory is only kept as existing).
+    Open { follow: bool },
+    /// Its metadata.
+    Stat { follow: bool },
+    /// A symlink's target.
+    ReadLink,
+    /// A directory's listing.
+    ReadDir,
+}
+
+/// One recorded entry: its metadata and, for a /sys file the scanner opened, its contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub stat: Stat,
+    pub contents: Option<Vec<u8>>,
+}
+
+/// Everything a snapshot holds of the two roots, by path relative to each root.
+#[derive(Debug, Default, Clone)]
+pub struct Recording {
+    pub sys: BTreeMap<PathBuf, Entry>,
+    pub dev: BTreeMap<PathBuf, Entry>,
+    /// /sys files longer than [`MAX_FILE`], kept truncated.
+    pub truncated: Vec<PathBuf>,
+}
+
+/// Collects the paths a scan touches. Shared by the WASI filesystem hooks and the devfs.
+#[derive(Debug)]
+pub struct Recorder {
+    sys: PathBuf,
+    dev: PathBuf,
+    ops: Mutex<BTreeSet<(Root, PathBuf, Access)>>,
+}
+
+impl Recorder {
+    /// A recorder over the host's sys and dev roots (made canonical: descriptors are compared
+    /// with them by their real paths).
+    pub fn new(sys: &Path, dev: &Path) -> std::io::Result<Self> {
+        Ok(Recorder {
+            sys: std::fs::canonicalize(sys)?,
+            dev: std::fs::canonicalize(dev)?,
+            ops: Mutex::default(),
+        })
+    }
+
+    /// The guest asked for `path` relative to the /sys directory descriptor `dir` (an open host
+    /// directory somewhere under the sys root).
+    pub fn sys_at(&self, dir: &std::fs::File, path: &str, access: Access) {
+        use std::os::fd::AsRawFd;
+        let Ok(base) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+            return;
+        };
+        let Ok(base) = base.strip_prefix(&self.sys) else {
+            return;
+        };
+        self.add(Root::Sys, base.join(path), access);
+    }
+
+    /// The guest (or the host for it) asked devfs about `rel` (relative to the dev root; empty
+    /// for the root).
+    pub fn dev(&self, rel: &Path, access: Access) {
+        let rel = if rel == Path::new(".") {
+            Path::new("")
+        } else {
+            rel
+        };
+        self.add(Root::Dev, rel.to_path_buf(), access);
+    }
+
+    fn add(&self, root: Root, path: PathBuf, access: Access) {
+        let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        ops.insert((root, path, access));
+    }
+
+    /// Reads what every recorded path holds now, adding what the host itself reads in /sys for
+    /// the NUMA affinity of `tree`'s device nodes (see [`crate::topology`]).
+    pub fn finish(&self, tree: &DeviceTree) -> Recording {
+        let ops: Vec<_> = self
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let sys = HostRoot(&self.sys);
+        let dev = HostRoot(&self.dev);
+        let mut rec = Recording::default();
+        for (root, path, access) in ops {
+            match root {
+                Root::Sys => visit(&sys, &mut rec.sys, &mut rec.truncated, &path, access, true),
+                Root::Dev => visit(&dev, &mut rec.dev, &mut rec.truncated, &path, access, false),
+            };
+        }
+        for info in tree.0.values().flat_map(|g| g.values()) {
+            for node in &info.nodes {
+                self.numa_reads(&mut rec, &node.host_path);
+            }
+        }
+        rec
+    }
+
+    /// What [`crate::topology::Topology::node_numa`] reads for the node at guest path `node`.
+    fn numa_reads(&self, rec: &mut Recording, node: &str) {
+        let (sys, dev) = (HostRoot(&self.sys), HostRoot(&self.dev));
+        let Some(rel) = node.strip_prefix("/dev/") else {
+            return;
+        };
+        let t = &mut rec.truncated;
+        visit(
+            &dev,
+            &mut rec.dev,
+            t,
+            Path::new(rel),
+            Access::Stat { follow: false },
+            false,
+        );
+        let Some(stat) = visit(
+            &dev,
+            &mut rec.dev,
+            t,
+            Path::new(rel),
+            Access::Stat { follow: true },
+            false,
+        ) else {
+            return;
+        };
+        let (class, major, minor) = match stat.1.kind {
+            Kind::Char { major, minor } => ("char", major, minor),
+            Kind::Block { major, minor } => ("block", major, minor),
+            _ => return,
+        };
+        let link = PathBuf::from(format!("dev/{class}/{major}:{minor}"));
+        let open = Access::Open { follow: true };
+        let Some((device, _)) = visit(
+            &sys,
+            &mut rec.sys,
+            t,
+            &link,
+            Access::Stat { follow: true },
+            true,
+        ) else {
+            return;
+        };
+        let mut functions = vec![device.clone()];
+        if device.parent() == Some(Path::new("devices/virtual/vfio")) {
+            let group = device.file_name().unwrap_or_default();
+            let members = Path::new("kernel/iommu_groups").join(group).join("devices");
+            visit(&sys, &mut rec.sys, t, &members, Access::ReadDir, true);
+            if let Ok(entries) = std::fs::read_dir(self.sys.join(&members)) {
+                for e in entries.flatten() {
+                    let member = members.join(e.file_name());
+                    if let Some((f, _)) = visit(
+                        &sys,
+                        &mut rec.sys,
+                        t,
+                        &member,
+                        Access::Stat { follow: true },
+                        true,
+                    ) {
+                        functions.push(f);
+                    }
+                }
+            }
+        }
+        for f in functions {
+            let mut here = Some(f.as_path());
+            while let Some(d) =
+                here.filter(|d| d.starts_with("devices") && *d != Path::new("devices"))
+            {
+                for hint in ["numa_node", "local_cpulist"] {
+                    visit(&sys, &mut rec.sys, t, &d.join(hint), open, true);
+                }
+                here = d.parent();
+            }
+        }
+    }
+}
+
+/// Resolves one recorded access over `root` and keeps what it finds in `out`. Returns the
+/// resolved path and entry, if any.
+fn visit(
+    root: &HostRoot,
+    out: &mut BTreeMap<PathBuf, Entry>,
+    truncated: &mut Vec<PathBuf>,
+    path: &Path,
+    access: Access,
+    contents: bool,
+) -> Option<(PathBuf, Stat)> {
+    let follow = match access {
+        Access::Open { follow } | Access::Stat { follow } => follow,
+        Access::ReadLink => false,
+        Access::ReadDir => true,
+    };
+    let mut keep = |p: &Path, s: &Stat| {
+        out.entry(p.to_path_buf()).or_insert_with(|| Entry {
+            stat: s.clone(),
+            contents: None,
+        });
+    };
+    let (resolved, stat) = resolve(root, path, follow, &mut keep).ok()?;
+    match (&access, &stat.kind) {
+        (Access::Open { .. }, Kind::File) if contents => {
+            if let Some((bytes, cut)) = root.read(&resolved)
+                && let Some(e) = out.get_mut(&resolved)
+            {
+                e.contents = Some(bytes);
+                if cut {
+                    truncated.push(resolved.clone());
+                }
+            }
+        }
+        (Access::ReadDir, Kind::Dir) => {
+            for (name, s) in root.list(&resolved) {
+                keep(&resolved.join(name), &s);
+            }
+        }
+        _ => {}
+    }
+    Some((resolved, stat))
+}
+
+/// A host directory as a [`Lookup`].
+struct HostRoot<'a>(&'a Path);
+
+impl HostRoot<'_> {
+    /// Paths from [`resolve`] hold no symlink, so joining them to the root follows none.
+    fn full(&self, rel: &Path) -> PathBuf {
+        self.0.join(rel)
+    }
+
+    /// A regular file's first [`MAX_FILE`] bytes, and whether there was more. Opened without
+    /// following a symlink and without blocking, and checked to be a regular file once open, so
+    /// no device node or FIFO is ever read.
+    fn read(&self, rel: &Path) -> Option<(Vec<u8>, bool)> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc_flags())
+            .open(self.full(rel))
+            .ok()?;
+        if !file.metadata().ok()?.file_type().is_file() {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        // A sysfs attribute that cannot be read (EIO, EACCES on write-only ones) is kept empty.
+        let _ = file.take(MAX_FILE as u64 + 1).read_to_end(&mut bytes);
+        let cut = bytes.len() > MAX_FILE;
+        bytes.truncate(MAX_FILE);
+        Some((bytes, cut))
+    }
+
+    fn list(&self, rel: &Path) -> Vec<(std::ffi::OsString, Stat)> {
+        let Ok(entries) = std::fs::read_dir(self.full(rel)) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                let stat = self.lstat(&rel.join(&name)).ok()?;
+                Some((name, stat))
+            })
+            .collect()
+    }
+}
+
+/// `O_NOFOLLOW | O_NONBLOCK`.
+fn libc_flags() -> i32 {
+    (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32
+}
+
+impl Lookup for HostRoot<'_> {
+    fn lstat(&self, rel: &Path) -> Result<Stat, ResolveError> {
+        let full = self.full(rel);
+        let meta = std::fs::symlink_metadata(&full).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ResolveError::NotFound,
+            std::io::ErrorKind::NotADirectory => ResolveError::NotADirectory,
+            _ => ResolveError::Io(e.to_string()),
+        })?;
+        let ft = meta.file_type();
+        let rdev = meta.rdev();
+        let (major, minor) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
+        let kind = if ft.is_symlink() {
+            let target = std::fs::read_link(&full).map_err(|e| ResolveError::Io(e.to_string()))?;
+            Kind::Symlink(target.to_string_lossy().into_owned())
+        } else if ft.is_dir() {
+            Kind::Dir
+        } else if ft.is_file() {
+            Kind::File
+        } else if ft.is_char_device() {
+            Kind::Char { major, minor }
+        } else if ft.is_block_device() {
+            Kind::Block { major, minor }
+        } else {
+            Kind::Other
+        };
+        Ok(Stat {
+            kind,
+            mode: meta.mode() & 0o7777,
+        })
+    }
+}

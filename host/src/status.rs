@@ -1,0 +1,585 @@
+//! What a running host serves, as the code that does the work sees it: the shared state behind
+//! `/status`, `/readyz` and `/metrics`.
+//!
+//! One [`Observability`] is created per `wdp run`. Each scanner gets a [`ScannerHandle`] from
+//! [`Observability::add_scanner`]; its manager reports the scanner's events through it and gets a
+//! [`ResourceHandle`] for each resource it serves, which the resource's server updates
+//! (registered with kubelet or not, Allocate calls). Stopping a scanner removes it, its resources
+//! and their metric series ([`ScannerHandle::remove`], which a manager calls when it stops).
+//!
+//! Readiness: ready when every scanner has had a tree accepted and every resource of those trees
+//! is served and registered with kubelet. A scanner whose only trees were refused, or that fails
+//! before its first tree, keeps the host not ready; a scanner that fails after a good tree does
+//! not (its last tree stays served). A resource is unregistered while kubelet is away (its
+//! `kubelet.sock` gone) until the next kubelet accepts its registration.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{Live, Metrics, ResourceMetrics, ScannerMetrics, Visit};
+use crate::scanner::ScannerEvent;
+use crate::tree::{DeviceGroup, Health};
+
+/// The host-wide observability state. Cheap to clone: every clone is the same state.
+#[derive(Clone)]
+pub struct Observability {
+    inner: Arc<Inner>,
+}
+
+impl Default for Observability {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    /// Exports `shared`'s series at each scrape.
+    metrics: Metrics,
+    /// Tells apart two scanners of the same name over time (a reload that replaces one), so the
+    /// old one's late removals never touch the new one's entries.
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Live for Arc<Shared> {
+    fn with_series(&self, f: &mut Visit<'_>) {
+        let state = self.state();
+        let scanners: Vec<(&str, &ScannerMetrics)> = state
+            .scanners
+            .iter()
+            .map(|(name, s)| (&**name, &*s.metrics))
+            .collect();
+        let resources: Vec<(&str, &ResourceMetrics)> = state
+            .resources
+            .iter()
+            .map(|(name, r)| (&**name, &r.metrics))
+            .collect();
+        f(&scanners, &resources);
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The first config has been applied: until then the set of scanners is not known yet.
+    loaded: bool,
+    scanners: BTreeMap<Arc<str>, ScannerEntry>,
+    resources: BTreeMap<Arc<str>, ResourceEntry>,
+}
+
+struct ScannerEntry {
+    id: u64,
+    phase: Phase,
+    /// True once a tree was accepted: its resources are then what readiness waits for.
+    accepted: bool,
+    last_error: Option<String>,
+    /// Resources of the last tree that could not be served, with why (a name clash, a socket
+    /// path too long).
+    unserved: BTreeMap<String, String>,
+    metrics: Arc<ScannerMetrics>,
+}
+
+struct ResourceEntry {
+    owner: u64,
+    metrics: ResourceMetrics,
+    registered: bool,
+    healthy: usize,
+    unhealthy: usize,
+}
+
+/// Where a scanner is in its life, as `/status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Started, no tree yet.
+    Starting,
+    /// Its last tree was accepted and is served.
+    Serving,
+    /// Its last tree was refused; the one before it (if any) stays served.
+    Refused,
+    /// It failed and restarts after a backoff; its last good tree stays served.
+    Restarting,
+    /// It failed and is not restarted.
+    Failed,
+    /// `scan` returned: its last tree stays served.
+    Finished,
+}
+
+impl Phase {
+    /// The word `wdp status` prints.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Serving => "serving",
+            Phase::Refused => "refused",
+            Phase::Restarting => "restarting",
+            Phase::Failed => "failed",
+            Phase::Finished => "finished",
+        }
+    }
+}
+
+/// The `/status` document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The host's version.
+    pub version: String,
+    /// What `/readyz` answers.
+    pub ready: bool,
+    /// Why not ready, one line each (empty when ready).
+    pub not_ready: Vec<String>,
+    pub scanners: Vec<ScannerReport>,
+}
+
+/// One scanner in `/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScannerReport {
+    pub name: String,
+    pub state: Phase,
+    pub restarts: u64,
+    pub trees_accepted: u64,
+    pub trees_refused: u64,
+    /// Unix seconds of the last accepted tree.
+    pub last_scan: Option<u64>,
+    /// Linear memory of its running instance.
+    pub guest_memory_bytes: u64,
+    pub last_error: Option<String>,
+    pub resources: Vec<ResourceReport>,
+}
+
+/// One resource in `/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResourceReport {
+    /// `<namespace>/<dev-type>`.
+    pub name: String,
+    /// Registered with the running kubelet.
+    pub registered: bool,
+    pub healthy: usize,
+    pub unhealthy: usize,
+    /// Why it is not served (then it has no devices and is never registered).
+    pub error: Option<String>,
+}
+
+impl Observability {
+    /// A fresh state with no scanner.
+    pub fn new() -> Self {
+        let shared = Arc::new(Shared::default());
+        Observability {
+            inner: Arc::new(Inner {
+                metrics: Metrics::new(shared.clone()),
+                shared,
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.shared.state()
+    }
+
+    /// Starts tracking scanner `name` (replacing any earlier scanner of that name) with the
+    /// series `metrics`, the `GuestSpec::metrics` its instances and hooks already share: its
+    /// status entry, in state `starting`, and its series in `/metrics`. Give the handle to its
+    /// manager ([`crate::manager::Manager::with_status`]), which removes the scanner when it
+    /// stops.
+    pub fn add_scanner(&self, name: &str, metrics: Arc<ScannerMetrics>) -> ScannerHandle {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let name: Arc<str> = name.into();
+        self.state().scanners.insert(
+            name.clone(),
+            ScannerEntry {
+                id,
+                phase: Phase::Starting,
+                accepted: false,
+                last_error: None,
+                unserved: BTreeMap::new(),
+                metrics: metrics.clone(),
+            },
+        );
+        ScannerHandle {
+            obs: self.clone(),
+            name,
+            id,
+            metrics,
+        }
+    }
+
+    /// The first config has been applied: readiness now depends on its scanners alone.
+    pub fn loaded(&self) {
+        self.state().loaded = true;
+    }
+
+    /// `Ok` when ready, else every reason why not, one line each.
+    pub fn readiness(&self) -> Result<(), Vec<String>> {
+        let state = self.state();
+        let mut reasons = Vec::new();
+        if !state.loaded {
+            reasons.push("the host is still loading its config and components".to_string());
+        }
+        for (name, s) in &state.scanners {
+            if !s.accepted {
+                reasons.push(match (s.phase, &s.last_error) {
+                    (Phase::Refused, Some(e)) => {
+                        format!("scanner {name}: its tree was refused: {e}")
+                    }
+                    (Phase::Restarting | Phase::Failed, Some(e)) => {
+                        format!("scanner {name}: failed before its first tree: {e}")
+                    }
+                    (Phase::Finished, _) => {
+                        format!("scanner {name}: finished without notifying a tree")
+                    }
+                    _ => format!("scanner {name}: no device tree yet"),
+                });
+            }
+            for (resource, error) in &s.unserved {
+                reasons.push(format!("resource {resource}: not served: {error}"));
+            }
+        }
+        for (name, r) in &state.resources {
+            if !r.registered {
+                reasons.push(format!("resource {name}: not registered with kubelet"));
+            }
+        }
+        if reasons.is_empty() {
+            Ok(())
+        } else {
+            Err(reasons)
+        }
+    }
+
+    /// Everything `/status` shows.
+    pub fn report(&self) -> StatusReport {
+        let not_ready = self.readiness().err().unwrap_or_default();
+        let state = self.state();
+        let scanners = state
+            .scanners
+            .iter()
+            .map(|(name, s)| {
+                let mut resources: Vec<ResourceReport> = state
+                    .resources
+                    .iter()
+                    .filter(|(_, r)| r.owner == s.id)
+                    .map(|(rname, r)| ResourceReport {
+                        name: rname.to_string(),
+                        registered: r.registered,
+                        healthy: r.healthy,
+                        unhealthy: r.unhealthy,
+                        error: None,
+                    })
+                    .collect();
+                resources.extend(s.unserved.iter().map(|(rname, e)| ResourceReport {
+                    name: rname.clone(),
+                    registered: false,
+                    healthy: 0,
+                    unhealthy: 0,
+                    error: Some(e.clone()),
+                }));
+                resources.sort_by(|a, b| a.name.cmp(&b.name));
+                let last_scan = u64::try_from(s.metrics.last_scan()).ok().filter(|&t| t > 0);
+                ScannerReport {
+                    name: name.to_string(),
+                    state: s.phase,
+                    restarts: ScannerMetrics::get(&s.metrics.failures),
+                    trees_accepted: ScannerMetrics::get(&s.metrics.trees_accepted),
+                    trees_refused: ScannerMetrics::get(&s.metrics.trees_refused),
+                    last_scan,
+                    guest_memory_bytes: u64::try_from(s.metrics.memory()).unwrap_or(0),
+                    last_error: s.last_error.clone(),
+                    resources,
+                }
+            })
+            .collect();
+        StatusReport {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ready: not_ready.is_empty(),
+            not_ready,
+            scanners,
+        }
+    }
+
+    /// `/metrics`, in the OpenMetrics text format.
+    pub fn metrics_text(&self) -> String {
+        self.inner.metrics.encode()
+    }
+
+    /// A config reload (file change or SIGHUP) was applied.
+    pub fn reload_succeeded(&self) {
+        self.inner.metrics.reload_succeeded();
+    }
+
+    /// A config reload was refused; the old config keeps running.
+    pub fn reload_failed(&self) {
+        self.inner.metrics.reload_failed();
+    }
+}
+
+/// One scanner's view of the shared state. Cheap to clone.
+#[derive(Clone)]
+pub struct ScannerHandle {
+    obs: Observability,
+    name: Arc<str>,
+    id: u64,
+    metrics: Arc<ScannerMetrics>,
+}
+
+impl ScannerHandle {
+    /// A handle to a state of its own, for a manager no `/status` reads (tests, tools).
+    pub fn detached(name: &str) -> Self {
+        Observability::new().add_scanner(name, Arc::default())
+    }
+
+    /// The scanner's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The scanner's metric series (those given to [`Observability::add_scanner`]).
+    pub fn metrics(&self) -> Arc<ScannerMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs `f` on this scanner's entry, if it is still this scanner's.
+    fn update(&self, f: impl FnOnce(&mut ScannerEntry)) {
+        let mut state = self.obs.state();
+        if let Some(entry) = state.scanners.get_mut(&self.name)
+            && entry.id == self.id
+        {
+            f(entry);
+        }
+    }
+
+    /// Records what the scanner's supervisor reported.
+    pub fn event(&self, event: &ScannerEvent) {
+        match event {
+            ScannerEvent::Tree(_) => {
+                self.metrics.accepted_now();
+                self.update(|s| {
+                    s.phase = Phase::Serving;
+                    s.accepted = true;
+                });
+            }
+            ScannerEvent::Refused(e) => self.update(|s| {
+                s.phase = Phase::Refused;
+                s.last_error = Some(e.to_string());
+            }),
+            ScannerEvent::Failed { error, restart_in } => self.update(|s| {
+                s.phase = match restart_in {
+                    Some(_) => Phase::Restarting,
+                    None => Phase::Failed,
+                };
+                s.last_error = Some(error.clone());
+            }),
+            ScannerEvent::Finished => self.update(|s| s.phase = Phase::Finished),
+        }
+    }
+
+    /// Starts tracking resource `name` (`<namespace>/<dev-type>`), served for this scanner: not
+    /// registered, no devices.
+    pub fn resource(&self, name: &str) -> ResourceHandle {
+        let name: Arc<str> = name.into();
+        let metrics = ResourceMetrics::default();
+        self.obs.state().resources.insert(
+            name.clone(),
+            ResourceEntry {
+                owner: self.id,
+                metrics: metrics.clone(),
+                registered: false,
+                healthy: 0,
+                unhealthy: 0,
+            },
+        );
+        ResourceHandle {
+            obs: self.obs.clone(),
+            name,
+            owner: self.id,
+            metrics,
+        }
+    }
+
+    /// The resources of the last tree that could not be served, with why; replaces the last list.
+    pub fn unserved(&self, resources: BTreeMap<String, String>) {
+        self.update(|s| s.unserved = resources);
+    }
+
+    /// Stops tracking this scanner: its entry, its resources and their metric series. Does
+    /// nothing to a newer scanner of the same name; doing it twice is harmless.
+    pub fn remove(&self) {
+        let mut state = self.obs.state();
+        if state
+            .scanners
+            .get(&self.name)
+            .is_none_or(|s| s.id != self.id)
+        {
+            return;
+        }
+        state.scanners.remove(&self.name);
+        state.resources.retain(|_, r| r.owner != self.id);
+    }
+}
+
+/// One resource's view of the shared state. Cheap to clone.
+#[derive(Clone)]
+pub struct ResourceHandle {
+    obs: Observability,
+    name: Arc<str>,
+    owner: u64,
+    metrics: ResourceMetrics,
+}
+
+impl ResourceHandle {
+    /// Runs `f` on this resource's entry, if it is still this scanner's.
+    fn update(&self, f: impl FnOnce(&mut ResourceEntry)) {
+        let mut state = self.obs.state();
+        if let Some(entry) = state.resources.get_mut(&self.name)
+            && entry.owner == self.owner
+        {
+            f(entry);
+        }
+    }
+
+    /// The resource now lists `devices`.
+    pub fn devices(&self, devices: &DeviceGroup) {
+        let healthy = devices
+            .values()
+            .filter(|d| d.health == Health::Healthy)
+            .count();
+        let unhealthy = devices.len() - healthy;
+        self.metrics.devices(healthy, unhealthy);
+        self.update(|r| {
+            r.healthy = healthy;
+            r.unhealthy = unhealthy;
+        });
+    }
+
+    /// kubelet accepted the registration (`true`), or is gone or restarted (`false`).
+    pub fn registered(&self, registered: bool) {
+        self.update(|r| r.registered = registered);
+    }
+
+    /// One Allocate answered (`ok`) or failed, after `elapsed`.
+    pub fn allocated(&self, elapsed: Duration, ok: bool) {
+        self.metrics.allocated(elapsed, ok);
+    }
+
+    /// The resource is no longer served: its entry and its metric series go.
+    pub fn remove(&self) {
+        let mut state = self.obs.state();
+        if state
+            .resources
+            .get(&self.name)
+            .is_some_and(|r| r.owner == self.owner)
+        {
+            state.resources.remove(&self.name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::{DeviceInfo, TreeError};
+
+    fn group(healthy: usize, unhealthy: usize) -> DeviceGroup {
+        let device = |i, health| {
+            (
+                format!("d{i}"),
+                DeviceInfo {
+                    health,
+                    ..DeviceInfo::default()
+                },
+            )
+        };
+        (0..healthy)
+            .map(|i| device(i, Health::Healthy))
+            .chain((healthy..healthy + unhealthy).map(|i| device(i, Health::Unhealthy)))
+            .collect()
+    }
+
+    #[test]
+    fn ready_once_every_scanner_has_a_tree_and_every_resource_is_registered() {
+        let obs = Observability::new();
+        assert_eq!(
+            obs.readiness().unwrap_err(),
+            ["the host is still loading its config and components"]
+        );
+        let kvm = obs.add_scanner("kvm", Arc::default());
+        let serial = obs.add_scanner("serial", Arc::default());
+        obs.loaded();
+        let reasons = obs.readiness().unwrap_err();
+        assert_eq!(
+            reasons,
+            [
+                "scanner kvm: no device tree yet",
+                "scanner serial: no device tree yet"
+            ]
+        );
+        kvm.event(&ScannerEvent::Tree(Arc::default()));
+        let r = kvm.resource("ns/kvm");
+        r.devices(&group(2, 1));
+        serial.event(&ScannerEvent::Refused(TreeError::DevType {
+            value: "-".into(),
+        }));
+        let reasons = obs.readiness().unwrap_err();
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(reasons[0].starts_with("scanner serial: its tree was refused: "));
+        assert_eq!(reasons[1], "resource ns/kvm: not registered with kubelet");
+        r.registered(true);
+        serial.event(&ScannerEvent::Tree(Arc::default()));
+        assert_eq!(obs.readiness(), Ok(()));
+        // A failure after a good tree keeps the last tree served: still ready.
+        serial.event(&ScannerEvent::Failed {
+            error: "trapped".into(),
+            restart_in: Some(Duration::from_secs(1)),
+        });
+        assert_eq!(obs.readiness(), Ok(()));
+        let report = obs.report();
+        assert!(report.ready);
+        let k = &report.scanners[0];
+        assert_eq!((k.name.as_str(), k.state), ("kvm", Phase::Serving));
+        assert_eq!((k.resources[0].healthy, k.resources[0].unhealthy), (2, 1));
+        assert_eq!(report.scanners[1].state, Phase::Restarting);
+        // kubelet goes away.
+        r.registered(false);
+        assert!(obs.readiness().is_err());
+    }
+
+    #[test]
+    fn a_replaced_scanner_never_touches_its_successor() {
+        let obs = Observability::new();
+        obs.loaded();
+        let old = obs.add_scanner("kvm", Arc::default());
+        let old_r = old.resource("ns/kvm");
+        let new = obs.add_scanner("kvm", Arc::default());
+        let new_r = new.resource("ns/kvm");
+        new_r.registered(true);
+        old_r.registered(false);
+        old_r.remove();
+        old.remove();
+        new.event(&ScannerEvent::Tree(Arc::default()));
+        assert_eq!(obs.readiness(), Ok(()));
+        assert!(obs.metrics_text().contains("resource=\"ns/kvm\""));
+        new.remove();
+        assert!(obs.report().scanners.is_empty());
+        assert!(!obs.metrics_text().contains("ns/kvm"));
+    }
+}

@@ -1,0 +1,1338 @@
+//! The deployment (`deploy/`, `Containerfile`, `.dockerignore`) checked as far as this machine
+//! can: no container engine or cluster runs here, so
+//!
+//! * every manifest the kustomization lists is parsed into the typed Kubernetes API structs
+//!   (k8s-openapi) and must survive the round trip unchanged: k8s-openapi ignores unknown fields
+//!   when it deserializes, so a misspelled field shows up as a field the round trip dropped;
+//! * the pod's least-privilege properties, its probes and its paths are checked on the typed
+//!   DaemonSet, against the ConfigMap's config as `wdp::config` reads it;
+//! * the Containerfile is checked against the repository (every source it copies, the scanners it
+//!   builds and installs) and against what the manifests run and reference;
+//! * the DaemonSet's own command line, with the ConfigMap's config, runs as the real `wdp` binary
+//!   the way the pod runs it (uid 0 with every capability dropped, no_new_privs, a read-only root
+//!   filesystem with only the plugin dir, the CDI dir and the emptyDir writable) over a fixture,
+//!   serving the kubelet stand-in in a root-owned 0750 plugin dir, and its probe endpoints answer
+//!   as the probes expect.
+//!
+//! The manifests and the config are read from `deploy/`; only the paths that differ between a node
+//! and this test (component files, /sys and /dev roots, the writable dirs, the port) are moved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, PodSpec, ServiceAccount, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::serde::Serialize;
+use k8s_openapi::serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use wdp::kubelet::standin::StandIn;
+use wdp_tests::fixture::Fixture;
+use wdp_tests::host::{Seen, sockets};
+
+/// Where the image installs the bundled scanners (the Containerfile's destination).
+const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
+
+/// The host's resident memory at its first start with 12 scanners, while compiling (the largest
+/// figure in bench/RESULTS.md, "First start (compiling): 64.5 MiB"): the pod's memory limit must
+/// cover it plus every guest's own limit.
+const MEASURED_FIRST_START_BYTES: u64 = 65 << 20;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_path_buf()
+}
+
+fn read(rel: &str) -> String {
+    let path = repo().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendering the kustomization
+
+/// One rendered object: the file it came from, and the document as JSON.
+#[derive(Debug, Clone)]
+struct Doc {
+    file: String,
+    value: Value,
+}
+
+impl Doc {
+    fn kind(&self) -> &str {
+        self.value["kind"].as_str().unwrap_or_default()
+    }
+
+    fn name(&self) -> &str {
+        self.value["metadata"]["name"].as_str().unwrap_or_default()
+    }
+}
+
+/// Every YAML document in `text`, as JSON values (empty documents skipped).
+fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).map_err(|e| e.to_string())?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// The keys of `kustomization.yaml` this renderer implements; anything else is refused, so the
+/// test never checks less than `kubectl apply -k` would apply.
+const KUSTOMIZATION_KEYS: [&str; 4] = ["apiVersion", "kind", "resources", "images"];
+
+/// Renders `dir`'s kustomization as `kubectl kustomize` does for the keys it uses: the listed
+/// resource files, in order, with the `images` overrides applied.
+fn render(dir: &Path) -> Result<Vec<Doc>, String> {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
+        .map_err(|e| format!("kustomization.yaml: {e}"))?;
+    let k: Value = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
+    let map = k.as_object().ok_or("kustomization.yaml is not a map")?;
+    for key in map.keys() {
+        if !KUSTOMIZATION_KEYS.contains(&key.as_str()) {
+            return Err(format!(
+                "kustomization.yaml: key {key:?} is not rendered by this test: teach render() it"
+            ));
+        }
+    }
+    if k["apiVersion"] != "kustomize.config.k8s.io/v1beta1" || k["kind"] != "Kustomization" {
+        return Err(
+            "kustomization.yaml: not a kustomize.config.k8s.io/v1beta1 Kustomization".into(),
+        );
+    }
+    let resources = k["resources"]
+        .as_array()
+        .ok_or("kustomization.yaml: no resources list")?;
+    let mut docs = Vec::new();
+    for r in resources {
+        let file = r.as_str().ok_or("a resource is not a string")?;
+        let local = Path::new(file);
+        if file.contains("://") || local.is_absolute() || file.contains("..") {
+            return Err(format!(
+                "resource {file:?}: only files beside kustomization.yaml"
+            ));
+        }
+        let text = std::fs::read_to_string(dir.join(local)).map_err(|e| format!("{file}: {e}"))?;
+        for value in yaml_documents(&text).map_err(|e| format!("{file}: {e}"))? {
+            docs.push(Doc {
+                file: file.to_string(),
+                value,
+            });
+        }
+    }
+    for image in k["images"].as_array().into_iter().flatten() {
+        for key in image.as_object().ok_or("an image is not a map")?.keys() {
+            if !["name", "newName", "newTag"].contains(&key.as_str()) {
+                return Err(format!("images: key {key:?} is not rendered by this test"));
+            }
+        }
+        let name = image["name"].as_str().ok_or("an image has no name")?;
+        for doc in &mut docs {
+            for c in pod_containers_mut(&mut doc.value) {
+                let Some(current) = c["image"].as_str() else {
+                    continue;
+                };
+                let (current_name, current_tag) = split_image(current);
+                if current_name != name {
+                    continue;
+                }
+                let new_name = image["newName"].as_str().unwrap_or(current_name);
+                let tag = image["newTag"].as_str().or(current_tag);
+                c["image"] = match tag {
+                    Some(tag) => format!("{new_name}:{tag}"),
+                    None => new_name.to_string(),
+                }
+                .into();
+            }
+        }
+    }
+    Ok(docs)
+}
+
+/// `registry:5000/wdp:1.0` -> (`registry:5000/wdp`, Some(`1.0`)); digests are not used here.
+fn split_image(image: &str) -> (&str, Option<&str>) {
+    let slash = image.rfind('/').map_or(0, |i| i + 1);
+    match image[slash..].rfind(':') {
+        Some(i) => (&image[..slash + i], Some(&image[slash + i + 1..])),
+        None => (image, None),
+    }
+}
+
+/// The containers of a workload's pod template, as JSON.
+fn pod_containers_mut(doc: &mut Value) -> Vec<&mut Value> {
+    // pointer_mut, not indexing: indexing a missing key would insert it.
+    let mut out = Vec::new();
+    if let Some(Value::Object(spec)) = doc.pointer_mut("/spec/template/spec") {
+        for (key, list) in spec.iter_mut() {
+            if key == "containers" || key == "initContainers" {
+                out.extend(list.as_array_mut().into_iter().flatten());
+            }
+        }
+    }
+    out
+}
+
+fn rendered() -> Vec<Doc> {
+    render(&repo().join("deploy")).unwrap_or_else(|e| panic!("deploy/: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strict typed parsing
+
+/// `doc` parsed as `T`, refused unless serializing it back gives `doc` again: a field the typed
+/// struct does not know (a typo) is dropped by the round trip and named here.
+///
+/// The one normalisation: YAML `key:` with no value is null, which the typed struct reads as
+/// absent and never writes back; nulls are removed before comparing. Quantities (`128Mi`) and
+/// int-or-string ports are kept verbatim by k8s-openapi, and defaults are not filled in, so
+/// nothing else needs normalising.
+fn strict<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
+    let typed: T =
+        serde_json::from_value(doc.clone()).map_err(|e| format!("does not parse: {e}"))?;
+    let back = serde_json::to_value(&typed).map_err(|e| format!("does not serialize: {e}"))?;
+    let mut problems = Vec::new();
+    compare("", &without_nulls(doc), &back, &mut problems);
+    if problems.is_empty() {
+        Ok(typed)
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Every difference between the written `original` and the round trip `back`, by path.
+fn compare(path: &str, original: &Value, back: &Value, problems: &mut Vec<String>) {
+    match (original, back) {
+        (Value::Object(a), Value::Object(b)) => {
+            let at = |k: &str| match path {
+                "" => k.to_string(),
+                _ => format!("{path}.{k}"),
+            };
+            for (k, v) in a {
+                match b.get(k) {
+                    Some(w) => compare(&at(k), v, w, problems),
+                    None => problems.push(format!("unknown field {}", at(k))),
+                }
+            }
+            for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                problems.push(format!("field {} appeared in the round trip", at(k)));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                compare(&format!("{path}[{i}]"), v, w, problems);
+            }
+        }
+        (a, b) if a == b => {}
+        (a, b) => problems.push(format!("{path}: {a} became {b}")),
+    }
+}
+
+fn is<T: k8s_openapi::Resource>(doc: &Value) -> bool {
+    doc["apiVersion"] == T::API_VERSION && doc["kind"] == T::KIND
+}
+
+/// Parses `doc` strictly as whichever of the kinds deploy/ uses it is.
+fn check_typed(doc: &Value) -> Result<(), String> {
+    if is::<Namespace>(doc) {
+        strict::<Namespace>(doc).map(drop)
+    } else if is::<ServiceAccount>(doc) {
+        strict::<ServiceAccount>(doc).map(drop)
+    } else if is::<ConfigMap>(doc) {
+        strict::<ConfigMap>(doc).map(drop)
+    } else if is::<DaemonSet>(doc) {
+        strict::<DaemonSet>(doc).map(drop)
+    } else {
+        Err(format!(
+            "{} {}: no typed check for this kind: add it to check_typed",
+            doc["apiVersion"], doc["kind"]
+        ))
+    }
+}
+
+/// The one object of type `T` in the rendering.
+fn one<T: k8s_openapi::Resource + DeserializeOwned + Serialize>(docs: &[Doc]) -> T {
+    let found: Vec<&Doc> = docs.iter().filter(|d| is::<T>(&d.value)).collect();
+    assert_eq!(found.len(), 1, "exactly one {} expected", T::KIND);
+    strict(&found[0].value).unwrap_or_else(|e| panic!("{}: {e}", found[0].file))
+}
+
+#[test]
+fn every_manifest_is_a_typed_kubernetes_object_without_unknown_fields() {
+    let docs = rendered();
+    let kinds: BTreeSet<&str> = docs.iter().map(Doc::kind).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"])
+    );
+    for doc in &docs {
+        check_typed(&doc.value).unwrap_or_else(|e| panic!("{}: {e}", doc.file));
+    }
+    // Every namespaced object lives in the one namespace the kustomization creates.
+    let ns: Namespace = one(&docs);
+    let ns = ns.metadata.name.expect("the namespace has a name");
+    for doc in docs.iter().filter(|d| d.kind() != "Namespace") {
+        assert_eq!(
+            doc.value["metadata"]["namespace"],
+            *ns,
+            "{} {} is not in namespace {ns}",
+            doc.kind(),
+            doc.name()
+        );
+    }
+}
+
+#[test]
+fn a_misspelled_or_mistyped_field_is_refused() {
+    let docs = rendered();
+    let daemonset = docs
+        .iter()
+        .find(|d| d.kind() == "DaemonSet")
+        .expect("a DaemonSet")
+        .value
+        .clone();
+    check_typed(&daemonset).expect("the DaemonSet as written passes");
+
+    // A typo: k8s-openapi alone would silently ignore it (the pod would run with a writable root).
+    let mut typo = daemonset.clone();
+    let sc = typo["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        .as_object_mut()
+        .expect("the container has a securityContext");
+    let v = sc.remove("readOnlyRootFilesystem").expect("set");
+    sc.insert("readOnlyRootFileSytem".into(), v);
+    assert!(
+        serde_json::from_value::<DaemonSet>(typo.clone()).is_ok(),
+        "k8s-openapi accepts the typo: the round trip is what catches it"
+    );
+    let err = check_typed(&typo).unwrap_err();
+    assert_eq!(
+        err,
+        "unknown field spec.template.spec.containers[0].securityContext.readOnlyRootFileSytem"
+    );
+
+    // A field added at the wrong level, and a field with the wrong type.
+    let mut misplaced = daemonset.clone();
+    misplaced["spec"]["hostNetwork"] = true.into();
+    assert_eq!(
+        check_typed(&misplaced).unwrap_err(),
+        "unknown field spec.hostNetwork"
+    );
+    let mut mistyped = daemonset.clone();
+    mistyped["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] =
+        "false".into();
+    assert!(
+        check_typed(&mistyped)
+            .unwrap_err()
+            .starts_with("does not parse"),
+    );
+    // An unquoted YAML boolean where Kubernetes wants a string (an annotation).
+    let mut unquoted = daemonset;
+    unquoted["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] = true.into();
+    assert!(
+        check_typed(&unquoted)
+            .unwrap_err()
+            .starts_with("does not parse")
+    );
+
+    // The same check over YAML text, as the files are read.
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetdata: {name: x}\ndata: {a: b}\n";
+    let doc = &yaml_documents(cm).unwrap()[0];
+    assert_eq!(
+        check_typed(doc).unwrap_err(),
+        "unknown field metdata; field metadata appeared in the round trip"
+    );
+    let unknown_kind = &yaml_documents("apiVersion: v1\nkind: Secret\n").unwrap()[0];
+    assert!(
+        check_typed(unknown_kind)
+            .unwrap_err()
+            .contains("no typed check")
+    );
+}
+
+#[test]
+fn the_renderer_refuses_what_it_does_not_implement() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [a.yaml]\npatches: []\n",
+    )
+    .unwrap();
+    assert!(render(dir.path()).unwrap_err().contains("\"patches\""));
+    assert_eq!(split_image("wdp"), ("wdp", None));
+    assert_eq!(
+        split_image("registry:5000/x/wdp:0.1"),
+        ("registry:5000/x/wdp", Some("0.1"))
+    );
+}
+
+/// Compares this test's rendering with kubectl's where kubectl exists (it is not part of the
+/// project's toolchain; without it this comparison is skipped, and said so).
+#[test]
+fn kubectl_kustomize_renders_the_same_objects() {
+    let out = match std::process::Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(repo().join("deploy"))
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("kubectl is not installed: rendering compared with nothing but this test's");
+            return;
+        }
+        Err(e) => panic!("kubectl: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "kubectl kustomize deploy/ failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = |v: &Value| format!("{}/{}", v["kind"], v["metadata"]["name"]);
+    let mut theirs = yaml_documents(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let mut ours: Vec<Value> = rendered().into_iter().map(|d| d.value).collect();
+    theirs.sort_by_key(key);
+    ours.sort_by_key(key);
+    assert_eq!(theirs.len(), ours.len());
+    for (t, o) in theirs.iter().zip(&ours) {
+        let mut problems = Vec::new();
+        compare("", o, t, &mut problems);
+        assert!(problems.is_empty(), "{}: {problems:?}", key(o));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pod
+
+fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec
+        .template
+        .spec
+        .as_ref()
+        .expect("the DaemonSet has a pod spec")
+}
+
+fn the_container(ds: &DaemonSet) -> &Container {
+    let pod = pod_spec(ds);
+    assert_eq!(pod.containers.len(), 1, "one container");
+    assert!(pod.init_containers.as_ref().is_none_or(Vec::is_empty));
+    &pod.containers[0]
+}
+
+/// `wdp run`'s flags in the container's args, as (flag, value) pairs.
+fn run_flags(c: &Container) -> Vec<(String, String)> {
+    let args = c.args.as_deref().unwrap_or_default();
+    assert_eq!(args.first().map(String::as_str), Some("run"), "{args:?}");
+    let mut flags = Vec::new();
+    let mut rest = args[1..].iter();
+    while let Some(flag) = rest.next() {
+        assert!(flag.starts_with("--"), "{flag:?} is not a flag");
+        let (flag, value) = match flag.split_once('=') {
+            Some((f, v)) => (f.to_string(), v.to_string()),
+            None => (
+                flag.clone(),
+                rest.next()
+                    .unwrap_or_else(|| panic!("{flag} has no value"))
+                    .clone(),
+            ),
+        };
+        flags.push((flag, value));
+    }
+    flags
+}
+
+fn flag<'a>(flags: &'a [(String, String)], name: &str) -> &'a str {
+    flags
+        .iter()
+        .find(|(f, _)| f == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("the DaemonSet does not pass {name}"))
+}
+
+/// The volume mount holding `path` (the deepest one), and its volume.
+fn mount_of<'a>(ds: &'a DaemonSet, path: &str) -> (&'a VolumeMount, &'a Volume) {
+    let c = the_container(ds);
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| Path::new(path).starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+        .unwrap_or_else(|| panic!("{path} is on no volume mount: it would be in the image"));
+    let volume = pod_spec(ds)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap_or_else(|| panic!("mount {} has no volume", mount.name));
+    (mount, volume)
+}
+
+fn host_path(v: &Volume) -> Option<&str> {
+    v.host_path.as_ref().map(|h| h.path.as_str())
+}
+
+fn writable(m: &VolumeMount) -> bool {
+    m.read_only != Some(true)
+}
+
+/// The host paths the pod may write to: kubelet's plugin dir and the CDI dir, nothing else.
+const WRITABLE_HOST_PATHS: [&str; 2] = ["/var/lib/kubelet/device-plugins", "/var/run/cdi"];
+
+#[test]
+fn the_pod_has_least_privilege() {
+    let docs = rendered();
+    let ds: DaemonSet = one(&docs);
+    let pod = pod_spec(&ds);
+    let c = the_container(&ds);
+
+    // Host namespaces, API access.
+    assert_ne!(pod.host_network, Some(true), "no host network");
+    assert_ne!(pod.host_pid, Some(true));
+    assert_ne!(pod.host_ipc, Some(true));
+    assert_ne!(
+        pod.host_users,
+        Some(false),
+        "user namespaces stop kernel uevents"
+    );
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let sa: ServiceAccount = one(&docs);
+    assert_eq!(pod.service_account_name, sa.metadata.name);
+    assert_eq!(sa.automount_service_account_token, Some(false));
+    for port in c.ports.iter().flatten() {
+        assert_eq!(port.host_port, None, "no host port");
+    }
+
+    // The process: uid 0 (see daemonset.yaml) but no capability, no escalation, read-only root.
+    let pod_sc = pod
+        .security_context
+        .as_ref()
+        .expect("a pod securityContext");
+    let sc = c
+        .security_context
+        .as_ref()
+        .expect("a container securityContext");
+    assert_ne!(sc.privileged, Some(true), "not privileged");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+    assert!(
+        caps.add.as_ref().is_none_or(Vec::is_empty),
+        "no capability is added: {:?}",
+        caps.add
+    );
+    let seccomp = sc
+        .seccomp_profile
+        .as_ref()
+        .or(pod_sc.seccomp_profile.as_ref());
+    assert_eq!(seccomp.map(|s| s.type_.as_str()), Some("RuntimeDefault"));
+    assert_eq!(
+        sc.run_as_user.or(pod_sc.run_as_user),
+        Some(0),
+        "the uid is stated"
+    );
+
+    // Volumes: hostPath mounts read-only (submounts too where the runtime can), except the two
+    // that must be written; any other writable volume is pod-scoped.
+    let mut writable_host = BTreeSet::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let (_, v) = mount_of(&ds, &m.mount_path);
+        assert!(
+            m.sub_path.is_none(),
+            "{}: subPath mounts never update",
+            m.name
+        );
+        match host_path(v) {
+            Some(path) if writable(m) => {
+                assert_eq!(m.mount_path, path, "{}: mounted at its host path", m.name);
+                writable_host.insert(path);
+            }
+            Some(_) => assert!(
+                matches!(
+                    m.recursive_read_only.as_deref(),
+                    Some("Enabled" | "IfPossible")
+                ),
+                "{}: read-only hostPath mounts are read-only recursively where possible",
+                m.name
+            ),
+            None if writable(m) => {
+                let empty = v.empty_dir.as_ref();
+                assert!(
+                    empty.is_some_and(|e| e.size_limit.is_some()),
+                    "{}: the only other writable volume is a size-limited emptyDir",
+                    m.name
+                )
+            }
+            None => {}
+        }
+    }
+    assert_eq!(writable_host, BTreeSet::from(WRITABLE_HOST_PATHS));
+    for v in pod.volumes.iter().flatten() {
+        assert!(
+            c.volume_mounts.iter().flatten().any(|m| m.name == v.name),
+            "volume {} is not mounted",
+            v.name
+        );
+    }
+
+    // Placement and updates.
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    let tolerations = pod.tolerations.as_deref().unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+        "tolerates every taint: {tolerations:?}"
+    );
+    let strategy = ds
+        .spec
+        .update_strategy
+        .as_ref()
+        .expect("an update strategy");
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.as_ref().expect("rollingUpdate");
+    assert!(rolling.max_unavailable.is_some());
+    assert_eq!(
+        rolling.max_surge,
+        Some(IntOrString::Int(0)),
+        "two wdp pods on one node would serve the same sockets"
+    );
+}
+
+#[test]
+fn the_paths_wdp_uses_are_on_the_right_mounts() {
+    let docs = rendered();
+    let ds: DaemonSet = one(&docs);
+    let flags = run_flags(the_container(&ds));
+
+    // The config: a whole ConfigMap volume (reloads see updates), naming the rendered ConfigMap
+    // and a key it has.
+    let config = Path::new(flag(&flags, "--config"));
+    let (m, v) = mount_of(&ds, &config.display().to_string());
+    assert_eq!(Path::new(&m.mount_path), config.parent().unwrap());
+    let cm: ConfigMap = one(&docs);
+    assert_eq!(
+        v.config_map.as_ref().map(|c| c.name.as_str()),
+        cm.metadata.name.as_deref()
+    );
+    let key = config.file_name().unwrap().to_str().unwrap();
+    assert!(cm.data.as_ref().is_some_and(|d| d.contains_key(key)));
+
+    // /sys and /dev: the node's, read-only, where the flags say.
+    for (flag_name, host) in [("--sys-root", "/sys"), ("--dev-root", "/dev")] {
+        let root = flag(&flags, flag_name);
+        let (m, v) = mount_of(&ds, root);
+        assert_eq!((m.mount_path.as_str(), host_path(v)), (root, Some(host)));
+        assert!(!writable(m), "{host} is mounted read-only");
+    }
+    // kubelet's plugin dir, writable, at its standard place.
+    let plugins = flag(&flags, "--plugin-dir");
+    let (m, v) = mount_of(&ds, plugins);
+    assert_eq!(m.mount_path, plugins);
+    assert_eq!(host_path(v), Some(wdp::kubelet::DEFAULT_PLUGIN_DIR));
+    assert!(writable(m));
+
+    // The caches: on the writable emptyDir.
+    let loaded = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
+    for cache in [
+        PathBuf::from(flag(&flags, "--compile-cache")),
+        loaded.oci.cache_dir.clone(),
+    ] {
+        let (m, v) = mount_of(&ds, &cache.display().to_string());
+        assert!(v.empty_dir.is_some() && writable(m), "{}", cache.display());
+    }
+    // CDI specs: written where the node's runtime reads them.
+    let mut cdi_dirs = 0;
+    for s in &loaded.scanners {
+        let Some(cdi) = &s.cdi else { continue };
+        let dir = cdi.dir.display().to_string();
+        let (m, v) = mount_of(&ds, &dir);
+        assert_eq!(m.mount_path, dir, "scanner {}: the CDI dir itself", s.name);
+        assert!(matches!(host_path(v), Some("/var/run/cdi" | "/etc/cdi")));
+        assert!(writable(m));
+        cdi_dirs += 1;
+    }
+    assert!(cdi_dirs > 0, "the CDI mount is used");
+}
+
+#[test]
+fn probes_scrape_annotations_and_metrics_addr_agree() {
+    let docs = rendered();
+    let ds: DaemonSet = one(&docs);
+    let c = the_container(&ds);
+    let addr: std::net::SocketAddr = flag(&run_flags(c), "--metrics-addr")
+        .parse()
+        .expect("--metrics-addr is an address");
+    assert!(
+        addr.ip().is_unspecified(),
+        "kubelet probes and Prometheus reach the pod's address"
+    );
+    let port = i32::from(addr.port());
+    let resolve = |p: &IntOrString| match p {
+        IntOrString::Int(n) => *n,
+        IntOrString::String(name) => {
+            c.ports
+                .iter()
+                .flatten()
+                .find(|cp| cp.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("no container port named {name}"))
+                .container_port
+        }
+    };
+    let probes = [
+        ("liveness", &c.liveness_probe, "/healthz"),
+        ("readiness", &c.readiness_probe, "/readyz"),
+    ];
+    for (what, probe, path) in probes {
+        let get = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .unwrap_or_else(|| panic!("a {what} probe over HTTP"));
+        assert_eq!(resolve(&get.port), port, "{what} probe port");
+        assert_eq!(get.path.as_deref(), Some(path), "{what} probe path");
+    }
+    let annotations = ds
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations["prometheus.io/port"], port.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+}
+
+#[test]
+fn the_memory_limit_covers_the_host_and_every_guest_limit() {
+    let docs = rendered();
+    let ds: DaemonSet = one(&docs);
+    let resources = the_container(&ds)
+        .resources
+        .as_ref()
+        .expect("resources are set");
+    let quantity = |map: &Option<BTreeMap<String, _>>, what: &str| {
+        let q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity = map
+            .as_ref()
+            .and_then(|m| m.get("memory"))
+            .unwrap_or_else(|| panic!("no memory {what}"));
+        wdp::units::parse_size(&q.0).unwrap_or_else(|e| panic!("memory {what}: {e}"))
+    };
+    let limit = quantity(&resources.limits, "limit");
+    let request = quantity(&resources.requests, "request");
+    let config = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
+    let guests: u64 = config.scanners.iter().map(|s| s.limits.memory).sum();
+    assert!(
+        limit >= MEASURED_FIRST_START_BYTES + guests,
+        "a memory limit of {limit} bytes does not cover the host's first start ({MEASURED_FIRST_START_BYTES}) and the guests' limits ({guests})"
+    );
+    assert!(request <= limit);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ConfigMap's config
+
+fn config_yaml(docs: &[Doc]) -> String {
+    let cm: ConfigMap = one(docs);
+    cm.data
+        .and_then(|mut d| d.remove("wdp.yaml"))
+        .expect("the ConfigMap has wdp.yaml")
+}
+
+/// The config with each in-image component (`/usr/lib/wdp/scanners/X.wasm`) replaced by the same
+/// guest built here (`target/guests/wasm32-wasip2/release/X.wasm`), and `edit` applied to each
+/// scanner's map.
+fn with_built_components(
+    yaml: &str,
+    mut edit: impl FnMut(&mut serde_yaml_ng::Mapping),
+) -> serde_yaml_ng::Value {
+    let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("config is YAML");
+    let scanners = config
+        .get_mut("scanners")
+        .and_then(|s| s.as_sequence_mut())
+        .expect("scanners list");
+    for s in scanners {
+        let s = s.as_mapping_mut().expect("a scanner is a map");
+        for key in ["component", "post-allocator"] {
+            let Some(value) = s.get_mut(key) else {
+                continue;
+            };
+            let path = value.as_str().expect("a path").to_string();
+            let name = path
+                .strip_prefix(IMAGE_SCANNERS)
+                .and_then(|n| n.strip_suffix(".wasm"))
+                .unwrap_or_else(|| panic!("{key} {path:?} is not in {IMAGE_SCANNERS}"));
+            *value = wdp_tests::guest(name).display().to_string().into();
+        }
+        edit(s);
+    }
+    config
+}
+
+/// Loads the config as `wdp run` will in the image, with the built components in place.
+fn load_as_in_the_image(yaml: &str, dir: &tempfile::TempDir) -> wdp::config::Config {
+    let config = with_built_components(yaml, |_| {});
+    let path = dir.path().join("wdp.yaml");
+    std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    wdp::config::load(&path).unwrap_or_else(|e| panic!("the ConfigMap's config: {e}"))
+}
+
+#[test]
+fn the_configmap_config_is_one_wdp_accepts() {
+    let docs = rendered();
+    let yaml = config_yaml(&docs);
+    let dir = tempfile::tempdir().unwrap();
+    let config = load_as_in_the_image(&yaml, &dir);
+    assert!(!config.scanners.is_empty());
+    // The config's own paths exist nowhere here: loading it unchanged fails on the first
+    // component, naming it (so the substitution above is what made it load).
+    let path = dir.path().join("as-is.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let err = wdp::config::load(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("scanners[0].component") && err.contains(IMAGE_SCANNERS),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Containerfile
+
+/// One instruction: its stage (index of the FROM before it), keyword and words.
+#[derive(Debug)]
+struct Instruction {
+    stage: usize,
+    op: String,
+    words: Vec<String>,
+    rest: String,
+}
+
+/// Parses a Containerfile's instructions: comments dropped, continuation lines joined.
+fn instructions(text: &str) -> Vec<Instruction> {
+    let mut logical = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(start) => {
+                current.push_str(start);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                logical.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    let mut stage = 0;
+    let mut out = Vec::new();
+    for line in logical {
+        let (op, rest) = line.split_once(' ').unwrap_or((&line, ""));
+        let op = op.to_ascii_uppercase();
+        if op == "FROM" {
+            stage += 1;
+        }
+        out.push(Instruction {
+            stage,
+            op,
+            words: rest.split_whitespace().map(String::from).collect(),
+            rest: rest.trim().to_string(),
+        });
+    }
+    out
+}
+
+/// The Makefile's `GUEST_CARGO` command line, its variables expanded.
+fn guest_cargo_from_makefile() -> Vec<String> {
+    let makefile = read("Makefile");
+    let var = |name: &str| {
+        makefile
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} := ")))
+            .unwrap_or_else(|| panic!("Makefile has no {name}"))
+            .to_string()
+    };
+    var("GUEST_CARGO")
+        .replace("$(CARGO)", "cargo")
+        .replace("$(GUEST_MANIFEST)", &var("GUEST_MANIFEST"))
+        .replace("$(GUEST_TARGET_DIR)", &var("GUEST_TARGET_DIR"))
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// The bundled scanners: the guest workspace's members, less the SDK and the test guests.
+fn bundled_scanners() -> BTreeSet<String> {
+    let manifest = read("guest-scanners/Cargo.toml");
+    let members = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("members = ["))
+        .expect("guest-scanners/Cargo.toml lists its members on one line");
+    members
+        .split(',')
+        .map(|m| m.trim().trim_end_matches(']').trim().trim_matches('"'))
+        .filter(|m| !m.is_empty() && *m != "sdk" && !m.starts_with("test-guests/"))
+        .map(String::from)
+        .collect()
+}
+
+#[test]
+fn the_containerfile_builds_and_installs_what_the_manifests_use() {
+    let file = instructions(&read("Containerfile"));
+    let ignored = read(".dockerignore");
+    let ignored: Vec<&str> = ignored
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(
+        ignored.contains(&"target/"),
+        "the build context leaves out target/"
+    );
+
+    // The toolchain is the workspace's, and both stages are Debian 12 (one glibc).
+    let rust = file
+        .iter()
+        .find(|i| i.stage == 0 && i.op == "ARG" && i.rest.starts_with("RUST_VERSION="))
+        .expect("ARG RUST_VERSION before the first FROM");
+    assert_eq!(
+        rust.rest,
+        format!("RUST_VERSION={}", env!("CARGO_PKG_RUST_VERSION"))
+    );
+    let froms: Vec<&Instruction> = file.iter().filter(|i| i.op == "FROM").collect();
+    assert_eq!(froms.len(), 2, "a build stage and a runtime stage");
+    assert!(froms[0].words[0].ends_with("-bookworm") && froms[0].words[1..] == ["AS", "build"]);
+    assert!(froms[1].words[0].contains("debian12"));
+
+    // The build stage: what it copies exists and is sent; what it runs builds the host in the
+    // release profile and the bundled scanners exactly as the Makefile does.
+    let build = |op: &'static str| file.iter().filter(move |i| i.stage == 1 && i.op == op);
+    let workdir = build("WORKDIR")
+        .next_back()
+        .expect("a WORKDIR")
+        .rest
+        .clone();
+    for copy in build("COPY") {
+        let (dest, sources) = copy.words.split_last().expect("COPY has a destination");
+        assert!(!dest.is_empty());
+        for src in sources {
+            assert!(
+                repo().join(src).exists(),
+                "COPY {src}: no such path in the repository"
+            );
+            assert!(
+                !ignored
+                    .iter()
+                    .any(|i| src.starts_with(i.trim_end_matches('/'))),
+                "COPY {src}: excluded from the build context"
+            );
+        }
+    }
+    let runs: Vec<&Vec<String>> = build("RUN").map(|i| &i.words).collect();
+    let host_build = runs
+        .iter()
+        .find(|w| w.starts_with(&["cargo".into(), "build".into()]) && w.contains(&"wdp".into()))
+        .expect("a RUN building the host");
+    for word in ["--locked", "--release", "--bin"] {
+        assert!(
+            host_build.contains(&word.to_string()),
+            "{word} in {host_build:?}"
+        );
+    }
+    let guest_cargo = guest_cargo_from_makefile();
+    let guest_build = runs
+        .iter()
+        .find(|w| w.starts_with(&guest_cargo))
+        .unwrap_or_else(|| panic!("no RUN starts with the Makefile's GUEST_CARGO {guest_cargo:?}"));
+    let built: BTreeSet<String> = guest_build[guest_cargo.len()..]
+        .chunks(2)
+        .map(|p| {
+            assert_eq!(
+                p[0], "-p",
+                "only -p <package> after GUEST_CARGO: {guest_build:?}"
+            );
+            p[1].clone()
+        })
+        .collect();
+    assert_eq!(
+        built,
+        bundled_scanners(),
+        "the image builds every bundled scanner"
+    );
+
+    // The runtime stage: every file comes from the build stage's outputs.
+    let mut installed = BTreeMap::new();
+    for copy in file.iter().filter(|i| i.stage == 2 && i.op == "COPY") {
+        let (dest, sources) = copy.words.split_last().unwrap();
+        assert_eq!(sources[0], "--from=build", "{copy:?}");
+        for src in &sources[1..] {
+            let rel = src
+                .strip_prefix(&format!("{workdir}/"))
+                .unwrap_or_else(|| panic!("{src} is not under the build's WORKDIR {workdir}"));
+            let name = Path::new(rel).file_name().unwrap().to_str().unwrap();
+            let to = if dest.ends_with('/') {
+                format!("{dest}{name}")
+            } else {
+                dest.clone()
+            };
+            installed.insert(to, rel.to_string());
+        }
+    }
+    let mut wasm = BTreeSet::new();
+    for (to, rel) in &installed {
+        if rel == "target/release/wdp" {
+            // The host package's binary target, by that name.
+            let host = read("host/Cargo.toml");
+            assert!(
+                host.contains("[[bin]]\nname = \"wdp\""),
+                "host/Cargo.toml has bin wdp"
+            );
+        } else if let Some(name) = rel
+            .strip_prefix("target/guests/wasm32-wasip2/release/")
+            .and_then(|n| n.strip_suffix(".wasm"))
+        {
+            // Built here by the same command (the tests' build script runs GUEST_CARGO).
+            assert!(repo().join(rel).is_file(), "{rel} is not a build output");
+            assert_eq!(to, &format!("{IMAGE_SCANNERS}{name}.wasm"));
+            assert!(built.contains(name), "{name} is installed but not built");
+            wasm.insert(name.to_string());
+        } else {
+            panic!("{rel}: not a build output the test knows");
+        }
+    }
+    assert_eq!(wasm, built, "every scanner built is installed");
+
+    // What the manifests run and reference is what is installed.
+    let docs = rendered();
+    let ds: DaemonSet = one(&docs);
+    let c = the_container(&ds);
+    let command = c.command.as_deref().unwrap_or_default();
+    assert_eq!(command.len(), 1);
+    assert_eq!(
+        installed.get(&command[0]).map(String::as_str),
+        Some("target/release/wdp")
+    );
+    let entrypoint = file
+        .iter()
+        .find(|i| i.op == "ENTRYPOINT")
+        .expect("ENTRYPOINT");
+    let entrypoint: Vec<String> = serde_json::from_str(&entrypoint.rest).expect("exec form");
+    assert_eq!(entrypoint, command);
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&config_yaml(&docs)).unwrap();
+    for s in config["scanners"].as_sequence().expect("scanners") {
+        for key in ["component", "post-allocator"] {
+            if let Some(path) = s.get(key).and_then(|p| p.as_str()) {
+                assert!(
+                    installed.contains_key(path),
+                    "{key} {path} is not in the image"
+                );
+            }
+        }
+    }
+    // The image the kustomization names is this version's.
+    let image = c.image.as_deref().unwrap_or_default();
+    assert_eq!(
+        split_image(image).1,
+        Some(env!("CARGO_PKG_VERSION")),
+        "{image}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The DaemonSet's command, run
+
+/// What `wdp run` prints, shown if the test fails.
+struct LogOnPanic(PathBuf);
+
+impl Drop for LogOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+            eprintln!("---- wdp run log ----\n{log}");
+        }
+    }
+}
+
+/// Lays `text` out as kubelet lays out a ConfigMap volume: the file is a link through `..data`
+/// to a timestamped directory. Returns the path the DaemonSet's `--config` names in it.
+fn configmap_volume(dir: &Path, key: &str, text: &str) -> PathBuf {
+    let data = dir.join("..2026_11_30_12_00_00.000000001");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join(key), text).unwrap();
+    std::os::unix::fs::symlink(data.file_name().unwrap(), dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink(format!("..data/{key}"), dir.join(key)).unwrap();
+    dir.join(key)
+}
+
+/// `GET path` on `port` of 127.0.0.1: the status code and body (None: not reachable).
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Polls `GET path` until it answers `want`, failing after 20 s.
+async fn until_status(port: u16, path: &str, want: u16) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = http_get(port, path).await;
+        if let Some((status, body)) = &got
+            && *status == want
+        {
+            return body.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "GET {path} never answered {want}; last: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A shell script (for `unshare --mount`) that gives the command in "$4"... the container's view
+/// of the filesystem: the root filesystem (where the fixture, the binary and /tmp are) read-only,
+/// and writable only the three directories "$1" "$2" "$3" (the plugin dir, the CDI dir and the
+/// emptyDir), each bind-mounted on itself first so that the read-only remount of / spares them.
+/// unshare, sh and setpriv all exec: the command keeps the pid.
+const READ_ONLY_ROOT: &str = r#"
+for d in "$1" "$2" "$3"; do mount --bind "$d" "$d"; done
+mount -o remount,bind,ro /
+if touch /.wdp-read-only-check 2>/dev/null; then echo "/ is still writable" >&2; exit 99; fi
+shift 3
+exec "$@"
+"#;
+
+/// `setpriv` arguments that start a command as the pod's container runs: uid and gid 0, no
+/// supplementary groups, no capability in any set (an empty bounding set leaves uid 0 none across
+/// exec), and no_new_privs (allowPrivilegeEscalation: false).
+const SETPRIV: [&str; 7] = [
+    "--reuid=0",
+    "--regid=0",
+    "--clear-groups",
+    "--inh-caps=-all",
+    "--bounding-set=-all",
+    "--no-new-privs",
+    "--",
+];
+
+/// One capability line of /proc/<pid>/status (`CapEff`, ...), as a number.
+fn proc_status(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process runs");
+    let value = status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+        .trim();
+    u64::from_str_radix(value, if key.starts_with("Cap") { 16 } else { 10 }).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilities() {
+    let docs = rendered();
+    let ds: DaemonSet = one(&docs);
+    let c = the_container(&ds);
+
+    // The node: devices of both configured scanners, and kubelet's plugin dir as kubelet makes it
+    // (root's, 0750).
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232)
+        .char_dev("net/tun", 10, 200)
+        .char_dev("vhost-net", 10, 238)
+        .char_dev("fuse", 10, 229)
+        .char_dev("ttyUSB0", 188, 0)
+        .char_dev("ttyACM0", 166, 0);
+    let plugins = f.path().join("device-plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::set_permissions(&plugins, PermissionsExt::from_mode(0o750)).unwrap();
+    // The other writable mounts, as kubelet makes them before the container starts.
+    let cdi = f.path().join("cdi");
+    let state = f.path().join("state");
+    std::fs::create_dir(&cdi).unwrap();
+    std::fs::create_dir(&state).unwrap();
+
+    // The ConfigMap's config, with the built components and the fixture's CDI and OCI dirs.
+    let mut config = with_built_components(&config_yaml(&docs), |s| {
+        if let Some(cdi_map) = s.get_mut("cdi").and_then(|c| c.as_mapping_mut()) {
+            cdi_map.insert("dir".into(), cdi.display().to_string().into());
+        }
+    });
+    let oci = format!("{{cache-dir: {}}}", state.join("oci").display());
+    config["oci"] = serde_yaml_ng::from_str(&oci).unwrap();
+    let etc = f.path().join("etc-wdp");
+    let config_path = configmap_volume(
+        &etc,
+        "wdp.yaml",
+        &serde_yaml_ng::to_string(&config).unwrap(),
+    );
+
+    // The DaemonSet's own arguments, each path moved to its fixture counterpart.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut args = vec!["run".to_string()];
+    for (name, value) in run_flags(c) {
+        let value = match name.as_str() {
+            "--config" => config_path.display().to_string(),
+            "--sys-root" => f.sys().display().to_string(),
+            "--dev-root" => f.dev().display().to_string(),
+            "--plugin-dir" => plugins.display().to_string(),
+            "--compile-cache" => state.join("compiled").display().to_string(),
+            "--metrics-addr" => format!("127.0.0.1:{port}"),
+            other => panic!("{other} {value}: the test does not know where to point it"),
+        };
+        args.extend([name, value]);
+    }
+
+    // The control: under these settings uid 0 cannot read a file of another user (no
+    // CAP_DAC_OVERRIDE), so whatever wdp does below, it does through ordinary permissions.
+    let private = f.path().join("not-roots");
+    std::fs::write(&private, "x").unwrap();
+    std::fs::set_permissions(&private, PermissionsExt::from_mode(0o600)).unwrap();
+    rustix::fs::chown(&private, Some(rustix::fs::Uid::from_raw(4321)), None).unwrap();
+    let denied = std::process::Command::new("setpriv")
+        .args(SETPRIV)
+        .args(["cat"])
+        .arg(&private)
+        .output()
+        .expect("run setpriv (util-linux)");
+    assert!(
+        !denied.status.success(),
+        "setpriv did not drop the capabilities"
+    );
+    assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
+
+    let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+    let log = f.path().join("wdp-run.log");
+    let _show = LogOnPanic(log.clone());
+    // As the pod runs it: a read-only root with the writable mounts (READ_ONLY_ROOT), uid 0
+    // without capabilities (SETPRIV), the container's environment only.
+    let mut cmd = tokio::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-ec"])
+        .arg(READ_ONLY_ROOT)
+        .arg("sh")
+        .args([&plugins, &cdi, &state])
+        .arg("setpriv")
+        .args(SETPRIV)
+        .arg(wdp_tests::wdp_bin())
+        .args(&args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin");
+    for e in c.env.iter().flatten() {
+        cmd.env(&e.name, e.value.as_deref().unwrap_or_default());
+    }
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run setpriv (util-linux)");
+
+    let resources = [
+        "devices.wdp.dev/kvm",
+        "devices.wdp.dev/tun",
+        "devices.wdp.dev/vhost-net",
+        "devices.wdp.dev/fuse",
+        "generic.wdp.dev/serial",
+    ];
+    seen.all_listed(&resources).await;
+    seen.devices("generic.wdp.dev/serial", &["ttyACM0", "ttyUSB0"])
+        .await;
+    assert_eq!(kubelet.resources(), {
+        let mut r = resources.to_vec();
+        r.sort();
+        r
+    });
+
+    // It really ran without privileges (setpriv execs wdp: the pid is wdp's).
+    let pid = child.id().expect("running");
+    for key in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+        assert_eq!(proc_status(pid, key), 0, "{key} of wdp");
+    }
+    assert_eq!(proc_status(pid, "NoNewPrivs"), 1);
+
+    // The probes and the scrape target answer, on the paths the DaemonSet names.
+    let path = |probe: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
+        get.and_then(|g| g.path.clone()).expect("an HTTP probe")
+    };
+    until_status(port, &path(&c.readiness_probe), 200).await;
+    until_status(port, &path(&c.liveness_probe), 200).await;
+    let annotations = ds
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref());
+    let scrape = &annotations.expect("annotations")["prometheus.io/path"];
+    let metrics = until_status(port, scrape, 200).await;
+    assert!(metrics.contains("# TYPE"), "Prometheus text: {metrics}");
+
+    // The writable mounts are what it wrote: sockets, CDI specs, the compile cache.
+    assert!(std::fs::read_dir(state.join("compiled")).unwrap().count() > 0);
+    let spec = cdi.join("wdp-devices.wdp.dev-kvm.json");
+    assert!(spec.is_file(), "{} was written", spec.display());
+    let r = kubelet
+        .allocate("devices.wdp.dev/kvm", &["kvm-0"])
+        .await
+        .expect("Allocate");
+    assert_eq!(
+        r.container_responses[0].cdi_devices[0].name,
+        "devices.wdp.dev/kvm=kvm-0"
+    );
+
+    // SIGTERM, as kubelet stops the pod: a clean exit that leaves nothing behind.
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("wdp stops within 20 s of SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+    assert_eq!(sockets(&plugins), ["kubelet.sock"]);
+    assert!(!spec.exists(), "CDI specs are removed on stop");
+    kubelet.stop().await;
+}
