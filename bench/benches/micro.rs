@@ -237,7 +237,7 @@ fn hook_instantiation(c: &mut Criterion) {
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
         .sample_size(30)
 }
 
