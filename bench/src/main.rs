@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
 
 use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
@@ -31,16 +32,56 @@ use scenarios::sizes::Sizes;
 use scenarios::{allocate, bulk, hotplug, idle, native, restart, startup};
 use wdp_bench::fixtures;
 
-/// The command line.
+/// Measures wdp against the targets of its performance issue on this machine and writes
+/// bench/RESULTS.md: hot-plug latency against a poll-mode baseline, Allocate, kubelet restart,
+/// start-up, idle memory and wake-ups, 10,000 devices, wasm against native.
+///
+/// Runs the real `wdp` binary (built with this one) against a kubelet stand-in over Unix
+/// sockets, on fixture dev roots of real character devices on tmpfs: run it as root. `make bench`
+/// builds everything, runs the criterion micro-benchmarks first and passes --criterion.
+#[derive(Debug, Parser)]
+#[command(name = "wdp-bench", about, long_about)]
 struct Args {
-    out: PathBuf,
+    /// Where to write the results [default: bench/RESULTS.md in the repository].
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+
+    /// criterion's output directory, whose micro-benchmark estimates join the results.
+    #[arg(long, value_name = "DIR")]
     criterion: Option<PathBuf>,
+
+    /// Hand-written notes appended to the results [default: bench/NOTES.md]; a file that cannot
+    /// be read (e.g. /dev/null) appends nothing.
+    #[arg(long, value_name = "FILE")]
     notes: Option<PathBuf>,
+
+    /// The cargo profile the binaries were built with, as the results should name it.
+    #[arg(long, value_name = "NAME", default_value = "perf")]
     profile: String,
-    build_seconds: Option<f64>,
-    quick: bool,
-    only: Option<Vec<String>>,
+
+    /// The `wdp` binary to measure [default: the one beside this binary].
+    #[arg(long, value_name = "BIN")]
     wdp: Option<PathBuf>,
+
+    /// Where the guest components are [default: target/guests/wasm32-wasip2/release].
+    #[arg(long, value_name = "DIR")]
+    guests: Option<PathBuf>,
+
+    /// The native build of `generic` for the wasm-vs-native row [default: target/guests/release].
+    #[arg(long, value_name = "BIN")]
+    native: Option<PathBuf>,
+
+    /// How long the build took, in seconds, for the results' header.
+    #[arg(long, value_name = "S")]
+    build_seconds: Option<f64>,
+
+    /// Fewer samples and smaller trees: a smoke run, not a measurement.
+    #[arg(long)]
+    quick: bool,
+
+    /// Only these rows (comma-separated).
+    #[arg(long, value_name = "ROWS", value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(ROWS))]
+    only: Option<Vec<String>>,
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
@@ -49,58 +90,6 @@ const ROWS: [&str; 9] = [
 ];
 
 impl Args {
-    /// Parses `std::env::args`; `--help` prints the usage and exits.
-    fn parse() -> Result<Args> {
-        let root = fixtures::repo_root();
-        let mut a = Args {
-            out: root.join("bench/RESULTS.md"),
-            criterion: None,
-            notes: Some(root.join("bench/NOTES.md")),
-            profile: "perf".into(),
-            build_seconds: None,
-            quick: false,
-            only: None,
-            wdp: None,
-        };
-        let mut it = std::env::args().skip(1);
-        while let Some(arg) = it.next() {
-            let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
-            match arg.as_str() {
-                "--out" => a.out = value()?.into(),
-                "--criterion" => a.criterion = Some(value()?.into()),
-                "--notes" => a.notes = Some(value()?.into()),
-                "--profile" => a.profile = value()?,
-                "--wdp" => a.wdp = Some(value()?.into()),
-                "--guests" => {
-                    let _ = GUESTS.set(value()?.into());
-                }
-                "--native" => {
-                    let _ = native::NATIVE.set(value()?.into());
-                }
-                "--build-seconds" => a.build_seconds = Some(value()?.parse()?),
-                "--quick" => a.quick = true,
-                "--only" => {
-                    let only: Vec<String> = value()?.split(',').map(str::to_string).collect();
-                    if let Some(bad) = only.iter().find(|r| !ROWS.contains(&r.as_str())) {
-                        bail!("unknown row {bad:?}; rows: {}", ROWS.join(", "));
-                    }
-                    a.only = Some(only);
-                }
-                "-h" | "--help" => {
-                    println!(
-                        "wdp-bench [--out FILE] [--criterion DIR] [--notes FILE] [--profile NAME] \
-                         [--wdp BIN] [--guests DIR] [--native BIN] [--build-seconds S] [--quick] \
-                         [--only {}]",
-                        ROWS.join(",")
-                    );
-                    std::process::exit(0);
-                }
-                other => bail!("unknown argument {other:?} (try --help)"),
-            }
-        }
-        Ok(a)
-    }
-
     /// Whether `row` is selected (every row without `--only`).
     fn runs(&self, row: &str) -> bool {
         self.only
@@ -111,7 +100,22 @@ impl Args {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let args = Args::parse()?;
+    let args = Args::parse();
+    if let Some(dir) = &args.guests {
+        let _ = GUESTS.set(dir.clone());
+    }
+    if let Some(bin) = &args.native {
+        let _ = native::NATIVE.set(bin.clone());
+    }
+    let root = fixtures::repo_root();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| root.join("bench/RESULTS.md"));
+    let notes = args
+        .notes
+        .clone()
+        .unwrap_or_else(|| root.join("bench/NOTES.md"));
     if !wdp_bench::procfs::is_root() {
         bail!("wdp-bench makes device nodes with mknod: run it as root");
     }
@@ -173,18 +177,15 @@ async fn main() -> Result<()> {
     if let Some(dir) = &args.criterion {
         report.read_criterion(dir);
     }
-    let notes = args
-        .notes
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok());
+    let notes = std::fs::read_to_string(&notes).ok();
     report.run_seconds = started.elapsed().as_secs_f64();
     let text = report.markdown(notes.as_deref());
-    std::fs::write(&args.out, text).with_context(|| format!("write {}", args.out.display()))?;
+    std::fs::write(&out, text).with_context(|| format!("write {}", out.display()))?;
     println!(
         "\nwdp-bench: {} rows in {:.0} s; wrote {}",
         report.rows.len(),
         report.run_seconds,
-        args.out.display()
+        out.display()
     );
     Ok(())
 }
