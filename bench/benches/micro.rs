@@ -16,29 +16,10 @@ use wdp::kubelet::api;
 use wdp::policy::Policy;
 use wdp::sandbox::devfs::DevFs;
 use wdp::topology::Topology;
-use wdp::tree::{DeviceGroup, DeviceTree};
+use wdp::tree::DeviceTree;
 use wdp_bench::fixtures::{self, Fixture};
 
 const BULK: usize = 10_000;
-
-/// What the host's `to_list` sends (server.rs): one ListAndWatch message for a group.
-fn list_message(devices: &DeviceGroup) -> api::ListAndWatchResponse {
-    api::ListAndWatchResponse {
-        devices: devices
-            .iter()
-            .map(|(id, info)| api::Device {
-                id: id.clone(),
-                health: info.health.as_str().into(),
-                topology: info.numa_nodes.as_ref().map(|nodes| api::TopologyInfo {
-                    nodes: nodes
-                        .iter()
-                        .map(|&n| api::NumaNode { id: n.into() })
-                        .collect(),
-                }),
-            })
-            .collect(),
-    }
-}
 
 fn ten_thousand(c: &mut Criterion) {
     let f = Fixture::new();
@@ -87,9 +68,9 @@ fn ten_thousand(c: &mut Criterion) {
         b.iter(|| black_box(group).clone())
     });
     c.bench_function("listandwatch/build + encode 10k devices", |b| {
-        b.iter(|| list_message(black_box(group)).encode_to_vec())
+        b.iter(|| wdp::server::to_list(black_box(group)).encode_to_vec())
     });
-    let bytes = list_message(group).encode_to_vec();
+    let bytes = wdp::server::to_list(group).encode_to_vec();
     c.bench_function("listandwatch/decode 10k devices (kubelet's side)", |b| {
         b.iter(|| api::ListAndWatchResponse::decode(black_box(bytes.as_slice())).expect("decode"))
     });

@@ -395,7 +395,8 @@ impl PluginService {
     }
 }
 
-fn to_list(devices: &DeviceGroup) -> api::ListAndWatchResponse {
+/// The ListAndWatch message that lists `devices` (public for the benchmarks, which time it).
+pub fn to_list(devices: &DeviceGroup) -> api::ListAndWatchResponse {
     api::ListAndWatchResponse {
         devices: devices
             .iter()

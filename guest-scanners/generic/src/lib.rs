@@ -9,37 +9,10 @@
 
 pub mod config;
 pub mod discover;
+pub mod machine;
 
-use discover::Machine;
-use wdp_guest::usb::{self, UsbDevice};
-use wdp_guest::{DeviceTree, devfs, sysfs};
-
-/// The guest's view of the machine: /dev through devfs, /sys through std::fs.
-struct Guest;
-
-impl Machine for Guest {
-    fn glob(&self, pattern: &str) -> Vec<String> {
-        let found = if pattern.starts_with("/sys") {
-            sysfs::glob_sys(pattern)
-        } else {
-            devfs::glob_dev(pattern)
-        };
-        // patterns were validated with the configuration
-        found
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.path)
-            .collect()
-    }
-
-    fn usb_devices(&self) -> Vec<UsbDevice> {
-        usb::list()
-    }
-
-    fn exists(&self, path: &str) -> bool {
-        devfs::stat(path).is_ok()
-    }
-}
+use machine::Guest;
+use wdp_guest::DeviceTree;
 
 struct Generic;
 

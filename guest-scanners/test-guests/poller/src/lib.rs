@@ -12,43 +12,18 @@
 pub mod config;
 #[path = "../../../generic/src/discover.rs"]
 pub mod discover;
+#[path = "../../../generic/src/machine.rs"]
+pub mod machine;
 
 use std::time::Duration;
 
-use discover::Machine;
-use wdp_guest::usb::{self, UsbDevice};
-use wdp_guest::{DeviceTree, devfs, sysfs};
+use machine::Guest;
+use wdp_guest::DeviceTree;
 
 /// The environment variable with the sleep between scans, in milliseconds.
 pub const POLL_INTERVAL_ENV: &str = "POLL_INTERVAL_MS";
 /// Intel's device plugins scan every 5 s.
 pub const DEFAULT_POLL_INTERVAL_MS: u32 = 5_000;
-
-/// The guest's view of the machine, exactly as `generic` has it.
-struct Guest;
-
-impl Machine for Guest {
-    fn glob(&self, pattern: &str) -> Vec<String> {
-        let found = if pattern.starts_with("/sys") {
-            sysfs::glob_sys(pattern)
-        } else {
-            devfs::glob_dev(pattern)
-        };
-        found
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.path)
-            .collect()
-    }
-
-    fn usb_devices(&self) -> Vec<UsbDevice> {
-        usb::list()
-    }
-
-    fn exists(&self, path: &str) -> bool {
-        devfs::stat(path).is_ok()
-    }
-}
 
 struct Poller;
 
