@@ -200,6 +200,61 @@ fn tampered_wrong_digest_and_wrong_world_are_refused() {
     assert!(sockets(&f.path().join("plugins")).is_empty());
 }
 
+/// What is not a wasm component is refused with what it is: a container image where a scanner
+/// was expected (pull and run), a core module at push and inspect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_images_and_core_modules_are_not_components() {
+    use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+
+    let registry = TestRegistry::start();
+    let f = Fixture::new();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = oci_client::Client::new(ClientConfig {
+        protocol: ClientProtocol::HttpsExcept(vec![registry.addr.clone()]),
+        ..Default::default()
+    });
+    let image = format!("{}/images/busybox:1", registry.addr);
+    client
+        .push(
+            &image.parse().unwrap(),
+            &[ImageLayer::oci_v1(b"a layer".to_vec(), None)],
+            Config::oci_v1(br#"{"architecture":"amd64","os":"linux"}"#.to_vec(), None),
+            &oci_client::secrets::RegistryAuth::Anonymous,
+            None,
+        )
+        .await
+        .unwrap();
+    let image = format!("oci://{image}");
+    let err = failed(wdp(&["pull", &image, "--insecure", "-o", "/dev/null"]));
+    assert!(
+        err.contains("not a wasm component artifact")
+            && err.contains("application/vnd.oci.image.config.v1+json")
+            && err.contains("application/vnd.wasm.config.v0+json"),
+        "{err}"
+    );
+    let err = failed(wdp_run_to_exit(&f, &config(&f, &registry, &image, "")));
+    assert!(
+        err.contains("scanner kvm") && err.contains("not a wasm component artifact"),
+        "{err}"
+    );
+
+    let core = f.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let core = core.display().to_string();
+    let pushed = format!("{}/scanners/core:1", registry.addr);
+    for err in [
+        failed(wdp(&["push", &core, &pushed, "--insecure"])),
+        failed(wdp(&["inspect", &core])),
+    ] {
+        assert!(
+            err.contains(&core)
+                && err.contains("core wasm module")
+                && err.contains("wasm32-wasip2"),
+            "{err}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signatures_are_required_when_a_key_is_configured() {
     let registry = TestRegistry::start();

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use oci_wasm::WasmConfig;
 
 use crate::oci::{self, Registry, RegistryOptions};
 
@@ -118,25 +117,24 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn inspect(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let (config, digest, size, manifest) = if Path::new(&args.target).is_file() {
+    let (component, digest, size, manifest) = if Path::new(&args.target).is_file() {
         let bytes =
             std::fs::read(&args.target).with_context(|| format!("cannot read {}", args.target))?;
         let digest = oci::sha256_digest(&bytes);
         let size = bytes.len();
-        let (config, _) = WasmConfig::from_raw_component(bytes, None)
-            .map_err(|e| anyhow::anyhow!("{}: not a wasm component: {e}", args.target))?;
-        (config, digest, size, None)
+        let world = oci::artifact::ComponentWorld::of(&bytes)
+            .with_context(|| format!("{}: not a wasm component", args.target))?;
+        (Some(world), digest, size, None)
     } else {
         let registry = args.registry.registry(&args.target)?;
         let pulled = registry.pull(&args.target).await?;
         (
-            pulled.config,
+            pulled.config.component,
             pulled.layer_digest,
             pulled.bytes.len(),
             Some(pulled.manifest_digest),
         )
     };
-    let component = config.component;
     let role = |r| oci::check_world(&args.target, component.as_ref(), r).is_ok();
     let world = match (role(oci::Role::Scanner), role(oci::Role::Hooks)) {
         (true, true) => "scanner and hooks (runs as a scanner and as a post-allocator)",

@@ -11,9 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-use oci_wasm::WasmConfig;
 use serde::{Deserialize, Serialize};
 
+use super::artifact::WasmConfig;
 use super::{OciError, Pulled, sha256_digest};
 
 /// The cache directory.

@@ -1,8 +1,8 @@
 //! Scanners as OCI artifacts: push, pull, pin, verify, cache.
 //!
-//! The artifact is the CNCF TAG-Runtime Wasm layout (config `application/vnd.wasm.config.v0+json`
-//! listing the component's imports and exports, one `application/wasm` layer), written and read
-//! with `oci-wasm`, so other tools of that ecosystem can use what wdp pushes.
+//! The artifact is the CNCF TAG-Runtime Wasm layout ([`artifact`]: config
+//! `application/vnd.wasm.config.v0+json` listing the component's imports and exports, one
+//! `application/wasm` layer), so other tools of that ecosystem can use what wdp pushes.
 //!
 //! A pull is trusted only after: the manifest has exactly that layout, the layer's sha256 matches
 //! the manifest (and the reference's digest, when pinned), the component's world is one the host
@@ -10,16 +10,19 @@
 //! configured, a cosign signature over the manifest digest verifies ([`sign`]). Pulled components
 //! go to a content-addressed [`cache`], so a node restarts and serves with the registry down.
 
+pub mod artifact;
 pub mod cache;
 pub mod sign;
 
 use std::path::{Path, PathBuf};
 
-use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::OciImageManifest;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
-use oci_wasm::{WasmClient, WasmConfig};
 use sha2::{Digest, Sha256};
+
+use artifact::{ComponentWorld, WasmConfig};
 
 pub use cache::Cache;
 
@@ -100,7 +103,7 @@ pub fn sha256_digest(bytes: &[u8]) -> String {
 
 /// A registry client with wdp's settings.
 pub struct Registry {
-    client: WasmClient,
+    client: Client,
     options: RegistryOptions,
 }
 
@@ -125,10 +128,7 @@ impl Registry {
             protocol: ClientProtocol::HttpsExcept(options.insecure.clone()),
             ..Default::default()
         });
-        Registry {
-            client: WasmClient::new(client),
-            options,
-        }
+        Registry { client, options }
     }
 
     /// The raw client, for signatures.
@@ -156,14 +156,29 @@ impl Registry {
             path: file.to_path_buf(),
             message: e.to_string(),
         })?;
-        let (config, layer) =
-            WasmConfig::from_raw_component(bytes, None).map_err(|e| OciError::File {
+        let config = WasmConfig::for_component(&bytes, sha256_digest(&bytes)).map_err(|e| {
+            OciError::File {
                 path: file.to_path_buf(),
                 message: format!("not a wasm component: {e}"),
-            })?;
+            }
+        })?;
+        let layers = [ImageLayer {
+            data: bytes.into(),
+            media_type: artifact::LAYER_MEDIA_TYPE.into(),
+            annotations: None,
+        }];
+        let config = Config {
+            data: serde_json::to_vec(&config)
+                .expect("a config of strings serialises")
+                .into(),
+            media_type: artifact::CONFIG_MEDIA_TYPE.into(),
+            annotations: None,
+        };
+        let mut manifest = OciImageManifest::build(&layers, &config, None);
+        manifest.media_type = Some(artifact::MANIFEST_MEDIA_TYPE.into());
         let response = self
             .client
-            .push(&r, &self.auth(&r), layer, config, None)
+            .push(&r, &layers, config, &self.auth(&r), Some(manifest))
             .await
             .map_err(|e| classify(reference, e))?;
         // The manifest URL ends in the digest the registry stored it under.
@@ -179,11 +194,37 @@ impl Registry {
     pub async fn pull(&self, reference: &str) -> Result<Pulled, OciError> {
         let r = parse_reference(reference)?;
         let auth = self.auth(&r);
-        let (manifest, config, manifest_digest) = self
+        let (manifest, manifest_digest, config) = self
             .client
             .pull_manifest_and_config(&r, &auth)
             .await
             .map_err(|e| classify(reference, e))?;
+        let layout = |message: String| OciError::Layout {
+            reference: reference.into(),
+            message,
+        };
+        if let Some(other) = manifest
+            .media_type
+            .as_deref()
+            .filter(|m| *m != artifact::MANIFEST_MEDIA_TYPE)
+        {
+            return Err(layout(format!(
+                "manifest media type {other:?}, not {}",
+                artifact::MANIFEST_MEDIA_TYPE
+            )));
+        }
+        if manifest.config.media_type != artifact::CONFIG_MEDIA_TYPE {
+            return Err(layout(format!(
+                "config media type {:?}, not {}",
+                manifest.config.media_type,
+                artifact::CONFIG_MEDIA_TYPE
+            )));
+        }
+        let [layer] = manifest.layers.as_slice() else {
+            return Err(layout(format!("{} layers, not one", manifest.layers.len())));
+        };
+        let config: WasmConfig = serde_json::from_str(&config)
+            .map_err(|e| layout(format!("its config is not a wasm config: {e}")))?;
         if let Some(pinned) = r.digest()
             && pinned != manifest_digest
         {
@@ -193,12 +234,12 @@ impl Registry {
                 actual: manifest_digest,
             });
         }
-        let layer = &manifest.layers[0];
-        if layer.media_type != oci_wasm::WASM_LAYER_MEDIA_TYPE {
-            return Err(OciError::Layout {
-                reference: reference.into(),
-                message: format!("layer media type {:?}", layer.media_type),
-            });
+        if layer.media_type != artifact::LAYER_MEDIA_TYPE {
+            return Err(layout(format!(
+                "layer media type {:?}, not {}",
+                layer.media_type,
+                artifact::LAYER_MEDIA_TYPE
+            )));
         }
         let mut bytes = Vec::new();
         self.client
@@ -214,10 +255,9 @@ impl Registry {
             });
         }
         if !config.layer_digests.contains(&actual) {
-            return Err(OciError::Layout {
-                reference: reference.into(),
-                message: "the config's layerDigests do not list the layer".into(),
-            });
+            return Err(layout(
+                "the config's layerDigests do not list the layer".into(),
+            ));
         }
         Ok(Pulled {
             manifest_digest,
@@ -229,8 +269,8 @@ impl Registry {
 }
 
 /// Sorts a registry client's error: missing credentials, a digest mismatch (oci-client reports
-/// those as errors of its own), a bad layout, or "down". Only the top-level message is kept: the
-/// error chain repeats it.
+/// those as errors of its own), or "down". Only the top-level message is kept: the error chain
+/// repeats it.
 fn classify(reference: &str, e: impl std::fmt::Display) -> OciError {
     let message = e.to_string();
     if message.contains("UNAUTHORIZED") || message.contains("code: 401") {
@@ -242,11 +282,6 @@ fn classify(reference: &str, e: impl std::fmt::Display) -> OciError {
         OciError::Tampered {
             reference: reference.into(),
             detail: message,
-        }
-    } else if message.contains("must have") {
-        OciError::Layout {
-            reference: reference.into(),
-            message,
         }
     } else {
         OciError::Registry {
@@ -274,7 +309,7 @@ const HOOK_EXPORTS: [&str; 3] = [
 /// and imports only from WASI and this package.
 pub fn check_world(
     reference: &str,
-    component: Option<&oci_wasm::Component>,
+    component: Option<&ComponentWorld>,
     role: Role,
 ) -> Result<(), OciError> {
     let fail = |message: String| OciError::World {
