@@ -98,18 +98,17 @@ demo: rust-guests host
 ## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native)
 ## and the criterion micro-benchmarks; writes bench/RESULTS.md. Runs as root (fixture device
 ## nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
-## bench/NOTES.md); BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
+## bench/NOTES.md); the guests are built by the host build (tests/build.rs), in its parallelism.
+## BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
 BENCH_ARGS ?=
 bench:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	@mkdir -p target/perf
 	@start=$$(date +%s); \
-	$(GUEST_CARGO) && \
-	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
 	$(CARGO) build --locked --profile perf -p wdp -p wdp-bench --bin wdp --bin wdp-bench --bench micro && \
+	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
 	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
-	CRITERION_HOME=$(CURDIR)/target/criterion $(CARGO) bench --locked --profile perf -p wdp-bench --bench micro
-	target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
+	CARGO=$(CARGO) target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

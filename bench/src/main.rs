@@ -12,9 +12,9 @@
 //!           [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
-//! Rows: hotplug, poll, newtype, allocate, restart, startup, idle, bulk, wasm. Each is measured by
-//! a module of [`scenarios`]; this file parses the arguments, runs the selected rows in order and
-//! writes the report.
+//! Rows: hotplug, poll, newtype, allocate, restart, startup, idle, bulk, wasm, and micro (the
+//! criterion benchmarks, through `cargo bench`). Each is measured by a module of [`scenarios`];
+//! this file parses the arguments, runs the selected rows in order and writes the report.
 
 mod e2e;
 mod report;
@@ -29,7 +29,7 @@ use clap::Parser;
 use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
 use scenarios::sizes::Sizes;
-use scenarios::{allocate, bulk, hotplug, idle, native, restart, startup};
+use scenarios::{allocate, bulk, hotplug, idle, micro, native, restart, startup};
 use wdp_bench::fixtures;
 
 /// Measures wdp against the targets of its performance issue on this machine and writes
@@ -38,7 +38,8 @@ use wdp_bench::fixtures;
 ///
 /// Runs the real `wdp` binary (built with this one) against a kubelet stand-in over Unix
 /// sockets, on fixture dev roots of real character devices on tmpfs: run it as root. `make bench`
-/// builds everything, runs the criterion micro-benchmarks first and passes --criterion.
+/// builds everything first (this runs the criterion micro-benchmarks with `cargo bench`, which
+/// would otherwise build them) and passes --criterion.
 #[derive(Debug, Parser)]
 #[command(name = "wdp-bench", about, long_about)]
 struct Args {
@@ -46,9 +47,10 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
 
-    /// criterion's output directory, whose micro-benchmark estimates join the results.
-    #[arg(long, value_name = "DIR")]
-    criterion: Option<PathBuf>,
+    /// criterion's output directory (relative to the repository): the `micro` row writes its
+    /// estimates there, and they join the results (also when `micro` is not run: an earlier run's).
+    #[arg(long, value_name = "DIR", default_value = "target/criterion")]
+    criterion: PathBuf,
 
     /// Hand-written notes appended to the results [default: bench/NOTES.md]; a file that cannot
     /// be read (e.g. /dev/null) appends nothing.
@@ -85,8 +87,8 @@ struct Args {
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
-const ROWS: [&str; 9] = [
-    "hotplug", "poll", "newtype", "allocate", "restart", "startup", "idle", "bulk", "wasm",
+const ROWS: [&str; 10] = [
+    "hotplug", "poll", "newtype", "allocate", "restart", "startup", "idle", "bulk", "wasm", "micro",
 ];
 
 impl Args {
@@ -137,18 +139,30 @@ async fn main() -> Result<()> {
     };
     println!("wdp-bench: host binary {}", ctx.wdp.display());
 
+    // The idle row watches a host that is meant to do nothing, for more than a minute: what it
+    // measures (that host's own wake-ups and memory) does not change while other processes run.
+    // It starts first, alone until its host is idle (its first start compiles); the hot-plug rows
+    // (fixtures of their own, no kernel uevents), the poll baseline (asleep for seconds) and the
+    // micro-benchmarks (a process of their own) run beside its window. The rows whose tails
+    // matter to a target (Allocate, restart, start-up, 10,000 devices, wasm) run after, alone.
+    let (idling, idle_started) = tokio::sync::oneshot::channel();
+    let idle = args.runs("idle").then(|| {
+        let ctx = ctx.clone();
+        let window = sizes.idle;
+        tokio::spawn(async move { idle::run(&ctx, window, idling).await })
+    });
+    // An error only means there is no idle row to wait for (or it failed: its task says why).
+    let _ = idle_started.await;
     if args.runs("hotplug") {
         hotplug::event_driven(&ctx, &sizes, &mut report).await?;
     }
     if args.runs("newtype") {
         hotplug::new_type(&ctx, &sizes, &mut report).await?;
     }
-    // The poll baseline spends its time asleep: the idle row (which only looks at its own host's
-    // wake-ups and memory) runs beside it.
-    let idle = args.runs("idle").then(|| {
-        let ctx = ctx.clone();
-        let window = sizes.idle;
-        tokio::spawn(async move { idle::run(&ctx, window).await })
+    let micro = args.runs("micro").then(|| {
+        let (root, dir) = (root.clone(), root.join(&args.criterion));
+        let (profile, quick) = (args.profile.clone(), args.quick);
+        tokio::spawn(async move { micro::run(&root, &dir, &profile, quick).await })
     });
     if args.runs("poll") {
         hotplug::poll_baseline(&ctx, &sizes, &mut report).await?;
@@ -157,6 +171,9 @@ async fn main() -> Result<()> {
         let (rows, details) = idle.await??;
         report.rows.extend(rows);
         report.details.extend(details);
+    }
+    if let Some(micro) = micro {
+        micro.await??;
     }
     if args.runs("allocate") {
         allocate::run(&ctx, &sizes, &mut report).await?;
@@ -174,9 +191,7 @@ async fn main() -> Result<()> {
         native::run(&sizes, &mut report).await?;
     }
     report.hotplug_ratio();
-    if let Some(dir) = &args.criterion {
-        report.read_criterion(dir);
-    }
+    report.read_criterion(&root.join(&args.criterion));
     let notes = std::fs::read_to_string(&notes).ok();
     report.run_seconds = started.elapsed().as_secs_f64();
     let text = report.markdown(notes.as_deref());

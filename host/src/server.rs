@@ -243,7 +243,9 @@ async fn register_until_done(
     inode: Option<u64>,
 ) -> Registration {
     let resource = &service.resource;
-    let mut delay = Duration::from_millis(50);
+    // Short at first: the usual failure is a kubelet caught between creating its socket (which
+    // woke us) and listening on it, a window of microseconds; then doubling up to 5 s.
+    let mut delay = Duration::from_millis(5);
     let mut warned = false;
     loop {
         if socket_inode(&resource.socket) != inode {

@@ -3,21 +3,28 @@
 //! else would be a scanner polling).
 //!
 //! It returns its rows rather than pushing them to the report: it runs in a task of its own beside
-//! the poll baseline (which spends its time asleep), and the report stays with the main task.
+//! other rows (`main` says which), and the report stays with the main task.
 
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, ensure};
+use tokio::sync::oneshot;
 use wdp_bench::fixtures::{self, demo_fixture, demo_resources, scanner_yaml, write_config};
 
 use super::shared::{Ctx, expect, expect_quiet, guest, ms, plugin_dir};
 use crate::e2e::{self, RunOptions, WdpRun, kubelet};
 use crate::report::Row;
 
-/// Every bundled Rust scanner, one `wdp run`, idle: resident memory and wake-ups.
-pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, String)>)> {
+/// Every bundled Rust scanner, one `wdp run`, idle: resident memory and wake-ups, over `window`
+/// from the moment every resource is listed. `idling` is told then: from there on this row only
+/// watches (the driver runs other rows beside it).
+pub async fn run(
+    ctx: &Ctx,
+    window: Duration,
+    idling: oneshot::Sender<()>,
+) -> Result<(Vec<Row>, Vec<(String, String)>)> {
     println!(
-        "\n== idle host, every bundled Rust scanner loaded (runs beside the poll baseline) =="
+        "\n== idle host, every bundled Rust scanner loaded (the next rows run beside its window) =="
     );
     let (f, _demo) = demo_fixture();
     let resources = demo_resources();
@@ -83,21 +90,26 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
         o.all_listed(&resources)
     })
     .await?;
-    // Let every scanner settle in wait-for-change, and tokio's blocking-pool threads (used while
-    // starting) reach their 10 s keep-alive and exit: those are one-off wake-ups.
-    tokio::time::sleep(SETTLE).await;
+    // Nobody listening only means nothing waits for this row.
+    let _ = idling.send(());
     let pid = host.pid;
-    let mem = wdp_bench::procfs::memory(pid)?;
-    let cpu0 = wdp_bench::procfs::cpu_ticks(pid)?;
     // (second, wake-ups, threads that exited) for every second with any.
     let mut timeline: Vec<(u64, u64, usize)> = Vec::new();
     let mut last = wdp_bench::procfs::thread_switches(pid)?;
     let begin = Instant::now();
     let begin_wall = SystemTime::now();
     let mut second = 0u64;
+    // Memory and CPU from the end of the start-up's aftermath (see SETTLE) on.
+    let mut settled = None;
     while begin.elapsed() < window {
         second += 1;
         tokio::time::sleep_until((begin + Duration::from_secs(second)).into()).await;
+        if second == SETTLE.as_secs() {
+            settled = Some((
+                wdp_bench::procfs::memory(pid)?,
+                wdp_bench::procfs::cpu_ticks(pid)?,
+            ));
+        }
         let now = wdp_bench::procfs::thread_switches(pid)?;
         let woke: u64 = now
             .iter()
@@ -111,6 +123,12 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
     }
     let cpu1 = wdp_bench::procfs::cpu_ticks(pid)?;
     let mem_end = wdp_bench::procfs::memory(pid)?;
+    let settle = SETTLE.as_secs();
+    let (mem, cpu0) = settled.with_context(|| {
+        format!(
+            "the idle window ({window:?}) is shorter than the start-up's aftermath ({settle} s)"
+        )
+    })?;
     let log = host.log_text();
     host.stop().await?;
     let scanners = 2 + others.len();
@@ -134,13 +152,21 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
         .map(|d| d.as_secs() + 1)
         .filter(|s| *s <= secs)
         .collect();
-    let total: u64 = timeline.iter().map(|(_, n, _)| n).sum();
+    let total: u64 = timeline
+        .iter()
+        .filter(|(s, _, _)| *s > settle)
+        .map(|(_, n, _)| n)
+        .sum();
     // A uevent, or a rescan, starts an episode: its scans, then (10 s later) the exit of the
-    // blocking-pool threads its file reads used. Wake-ups a uevent explains are set aside; the
-    // rest are merged into episodes, which must be as far apart as the 30 s safety rescan.
+    // blocking-pool threads its file reads used. The start-up's own episode (the first `settle`
+    // seconds) and wake-ups a uevent explains are set aside; the rest are merged into episodes,
+    // which must be as far apart as the 30 s safety rescan.
     let explained = |s: u64| uevents.iter().any(|u| s + 1 >= *u && s <= u + 12);
     let mut spans: Vec<(u64, u64)> = Vec::new(); // (first second, last second)
-    for &(s, _, _) in timeline.iter().filter(|(s, _, _)| !explained(*s)) {
+    for &(s, _, _) in timeline
+        .iter()
+        .filter(|(s, _, _)| *s > settle && !explained(*s))
+    {
         match spans.last_mut() {
             Some(span) if s <= span.1 + 12 => span.1 = s,
             _ => spans.push((s, s)),
@@ -158,8 +184,7 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
             format!("{:.1} MiB at the end", mem_end.vm_rss as f64 / 1024.0),
             Some(rss_mib <= 20.0),
             &format!(
-                "VmRSS of a start from the warm compile cache, {} s idle: anon {} KiB, file (binary text and data) {} KiB; {} threads. First start (compiling): {:.1} MiB",
-                SETTLE.as_secs(),
+                "VmRSS of a start from the warm compile cache, {settle} s idle: anon {} KiB, file (binary text and data) {} KiB; {} threads. First start (compiling): {:.1} MiB",
                 mem.rss_anon,
                 mem.rss_file,
                 mem.threads,
@@ -169,14 +194,15 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
         Row::value(
             "CPU when nothing changes: wake-ups",
             "none more often than the 30 s rescan",
-            format!("{} episodes in {secs} s", episodes.len()),
+            format!("{} episodes in {} s", episodes.len(), secs - settle),
             match shortest_gap {
                 Some(g) => format!("{g} s apart at least"),
                 None => "-".into(),
             },
             Some(met),
             &format!(
-                "{total} context switches over all threads in {secs} s, {} kernel uevents; CPU {} ticks; see the timeline",
+                "{total} context switches over all threads in {} s, {} kernel uevents; CPU {} ticks; see the timeline",
+                secs - settle,
                 uevents.len(),
                 cpu1.saturating_sub(cpu0)
             ),
@@ -204,10 +230,11 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
         "Idle timeline".into(),
         format!(
             "Wake-ups (voluntary + involuntary context switches, summed over threads) of the idle \
-             host, per second of the {secs} s window that starts {} s after all resources were \
-             listed (second: count): {tl}.\n\nEpisodes not explained by a kernel uevent start at \
-             seconds {episodes:?}; kernel uevents at seconds {uevents:?}.\n",
-            SETTLE.as_secs()
+             host, per second after all resources were listed (second: count): {tl}.\n\nThe first \
+             {settle} s are the start-up's own episode (scanners entering wait-for-change, then \
+             tokio's blocking-pool threads exiting after their 10 s keep-alive) and are not \
+             counted. Episodes after it not explained by a kernel uevent start at seconds \
+             {episodes:?}; kernel uevents at seconds {uevents:?}.\n"
         ),
     )];
     for r in &rows {
@@ -216,5 +243,5 @@ pub async fn run(ctx: &Ctx, window: Duration) -> Result<(Vec<Row>, Vec<(String, 
     Ok((rows, details))
 }
 
-/// Wait before the idle window: longer than tokio's 10 s blocking-thread keep-alive.
+/// The start-up's aftermath, set aside: longer than tokio's 10 s blocking-thread keep-alive.
 const SETTLE: Duration = Duration::from_secs(12);

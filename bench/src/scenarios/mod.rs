@@ -11,11 +11,13 @@
 //! | [`idle`] | `idle` |
 //! | [`bulk`] | `bulk` |
 //! | [`native`] | `wasm` |
+//! | [`micro`] | `micro` (criterion, beside the idle row) |
 
 pub mod allocate;
 pub mod bulk;
 pub mod hotplug;
 pub mod idle;
+pub mod micro;
 pub mod native;
 pub mod restart;
 pub mod shared;
