@@ -192,8 +192,15 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
                 continue;
             }
         };
-        let inode = socket_inode(&resource.socket);
-        let serving = cancel.child_token();
+        // kubelet's cleanup may unlink the socket between bind and this look; "absent" then
+        // could not be told apart from "still ours" later, so bind again at once.
+        let Some(inode) = socket_inode(&resource.socket) else {
+            tracing::debug!(resource = %resource.name, "socket removed as soon as bound; binding again");
+            continue;
+        };
+        // Not a child of `cancel`: streams must end only after the socket is unlinked below, so
+        // whoever sees a stream end never finds the socket of a stopped resource.
+        let serving = CancellationToken::new();
         let server = tokio::spawn(serve(listener, service.clone(), serving.clone()));
 
         let outcome = match register_until_done(&kubelet, &service, &cancel, &mut events, inode)
@@ -240,7 +247,7 @@ async fn register_until_done(
     service: &PluginService,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
-    inode: Option<u64>,
+    inode: u64,
 ) -> Registration {
     let resource = &service.resource;
     // Short at first: the usual failure is a kubelet caught between creating its socket (which
@@ -248,7 +255,7 @@ async fn register_until_done(
     let mut delay = Duration::from_millis(5);
     let mut warned = false;
     loop {
-        if socket_inode(&resource.socket) != inode {
+        if socket_inode(&resource.socket) != Some(inode) {
             return Registration::SocketGone;
         }
         if kubelet.socket.exists() {
@@ -320,13 +327,13 @@ async fn wait_for_restart(
     service: &PluginService,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
-    inode: Option<u64>,
+    inode: u64,
 ) -> Restart {
     let resource = &service.resource;
     // Events queued before registration finished are history now.
     while events.try_recv().is_ok() {}
     loop {
-        if socket_inode(&resource.socket) != inode {
+        if socket_inode(&resource.socket) != Some(inode) {
             return Restart::Kubelet;
         }
         let event = tokio::select! {
@@ -440,11 +447,18 @@ impl DevicePlugin for PluginService {
         let stream = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
             tokio::select! {
                 _ = stop.cancelled() => None,
-                changed = rx.changed() => {
-                    changed.ok()?;
-                    let list = to_list(&rx.borrow_and_update());
-                    Some((Ok(list), (rx, stop)))
-                }
+                changed = rx.changed() => match changed {
+                    Ok(()) => {
+                        let list = to_list(&rx.borrow_and_update());
+                        Some((Ok(list), (rx, stop)))
+                    }
+                    // The server was dropped: its task unlinks the socket, then cancels `stop`.
+                    // Ending only then means a stream's end always finds the socket gone.
+                    Err(_) => {
+                        stop.cancelled().await;
+                        None
+                    }
+                },
             }
         });
         Ok(Response::new(Box::pin(stream)))
