@@ -20,7 +20,7 @@ C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-l
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust build guests rust-guests lang-guests host test test-lang-units lint fuzz demo bench clean
+.PHONY: all setup setup-rust build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench clean
 
 all: build
 
@@ -68,6 +68,11 @@ lint: setup
 	cd guest-scanners && $(CARGO) fmt --all --check
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --locked --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --target-dir $(GUEST_TARGET_DIR) -- -D warnings
+
+## proto: rewrite host/src/kubelet/v1beta1.rs from proto/deviceplugin.proto (after changing the
+## proto or upgrading prost/tonic; `make test` fails while the checked-in file is stale)
+proto:
+	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test proto
 
 ## test: everything CI runs
 test: build lint test-lang-units
