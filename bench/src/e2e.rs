@@ -10,7 +10,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use wdp::kubelet::api;
-use wdp::kubelet::standin::{Observed, StandIn};
+use wdp::kubelet::standin::{CurrentStreams, Observed, StandIn};
 
 use wdp_bench::fixtures::Fixture;
 
@@ -116,6 +116,7 @@ pub struct Observer {
     pub lists: HashMap<String, Vec<api::Device>>,
     pub registered: HashSet<String>,
     pub ended: HashSet<String>,
+    streams: CurrentStreams,
 }
 
 impl Observer {
@@ -125,6 +126,7 @@ impl Observer {
             lists: HashMap::new(),
             registered: HashSet::new(),
             ended: HashSet::new(),
+            streams: CurrentStreams::default(),
         }
     }
 
@@ -141,16 +143,21 @@ impl Observer {
     }
 
     fn apply(&mut self, ev: Observed) {
+        if !self.streams.admit(&ev) {
+            return;
+        }
         match ev {
             Observed::Registered { resource, .. } => {
                 self.ended.remove(&resource);
                 self.registered.insert(resource);
             }
-            Observed::Devices { resource, devices } => {
+            Observed::Devices {
+                resource, devices, ..
+            } => {
                 self.ended.remove(&resource);
                 self.lists.insert(resource, devices);
             }
-            Observed::StreamEnded { resource } => {
+            Observed::StreamEnded { resource, .. } => {
                 self.lists.remove(&resource);
                 self.ended.insert(resource);
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-use wdp::kubelet::standin::{Observed, StandIn};
+use wdp::kubelet::standin::{CurrentStreams, Observed, StandIn};
 
 use crate::fixture::Fixture;
 
@@ -107,6 +107,7 @@ pub struct Seen {
     ended: HashSet<String>,
     registrations: HashMap<String, usize>,
     stream_ends: HashMap<String, usize>,
+    streams: CurrentStreams,
 }
 
 impl Seen {
@@ -120,12 +121,22 @@ impl Seen {
             ended: HashSet::new(),
             registrations: HashMap::new(),
             stream_ends: HashMap::new(),
+            streams: CurrentStreams::default(),
         }
     }
 
     fn record(&mut self, ev: Observed) {
+        // Every stream's end is counted; only the current stream's events make the state.
+        if let Observed::StreamEnded { resource, .. } = &ev {
+            *self.stream_ends.entry(resource.clone()).or_default() += 1;
+        }
+        if !self.streams.admit(&ev) {
+            return;
+        }
         match ev {
-            Observed::Devices { resource, devices } => {
+            Observed::Devices {
+                resource, devices, ..
+            } => {
                 let health = devices.iter().map(|d| (d.id.clone(), d.health.clone()));
                 self.health.insert(resource.clone(), health.collect());
                 let numa = devices.iter().map(|d| {
@@ -138,9 +149,8 @@ impl Seen {
                 self.ended.remove(&resource);
                 self.latest.insert(resource, ids);
             }
-            Observed::StreamEnded { resource } => {
+            Observed::StreamEnded { resource, .. } => {
                 self.latest.remove(&resource);
-                *self.stream_ends.entry(resource.clone()).or_default() += 1;
                 self.ended.insert(resource);
             }
             Observed::Registered { resource, .. } => {

@@ -65,7 +65,9 @@ pub async fn run(args: KubeletArgs) -> anyhow::Result<ExitCode> {
                 "registered {resource} (preferred allocation: {}, pre-start: {})",
                 options.get_preferred_allocation_available, options.pre_start_required
             ),
-            Observed::Devices { resource, devices } => {
+            Observed::Devices {
+                resource, devices, ..
+            } => {
                 println!("{resource}: {} device(s)", devices.len());
                 for d in &devices {
                     println!("  {:<32} {}{}", d.id, d.health, numa(d));
@@ -84,7 +86,7 @@ pub async fn run(args: KubeletArgs) -> anyhow::Result<ExitCode> {
                     }
                 }
             }
-            Observed::StreamEnded { resource } => println!("{resource}: stream ended"),
+            Observed::StreamEnded { resource, .. } => println!("{resource}: stream ended"),
         }
     }
     standin.stop().await;

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::net::UnixListener;
@@ -41,10 +42,47 @@ pub enum Observed {
     /// A ListAndWatch message: the resource's whole device list.
     Devices {
         resource: String,
+        /// The stream it came on (see [`Observed::StreamEnded`]).
+        stream: u64,
         devices: Vec<api::Device>,
     },
     /// A ListAndWatch stream ended (plugin stopped, or its server went away).
-    StreamEnded { resource: String },
+    StreamEnded {
+        resource: String,
+        /// Streams are numbered from 1 in the order plugins registered with this stand-in: each
+        /// stream reports on its own task, so a replaced stream's end (or last list) can arrive
+        /// after its successor's first list, and only the number tells which is current.
+        stream: u64,
+    },
+}
+
+/// Tells the events of each resource's current ListAndWatch stream from those of streams it
+/// replaced, for whoever keeps "the latest list" from [`Observed`] events.
+#[derive(Debug, Default)]
+pub struct CurrentStreams(HashMap<String, u64>);
+
+impl CurrentStreams {
+    /// Whether `event` is about its resource's current stream: a list from a stream at least as
+    /// new as any seen (which it makes current), or the end of that stream. Registrations are
+    /// always current.
+    pub fn admit(&mut self, event: &Observed) -> bool {
+        match event {
+            Observed::Registered { .. } => true,
+            Observed::Devices {
+                resource, stream, ..
+            } => {
+                let current = self.0.entry(resource.clone()).or_default();
+                if *stream < *current {
+                    return false;
+                }
+                *current = *stream;
+                true
+            }
+            Observed::StreamEnded { resource, stream } => {
+                self.0.get(resource).is_none_or(|current| stream >= current)
+            }
+        }
+    }
 }
 
 struct Plugin {
@@ -82,6 +120,7 @@ impl StandIn {
             plugins: plugins.clone(),
             observed: tx,
             cancel: cancel.clone(),
+            streams: AtomicU64::new(0),
         };
         let shutdown = cancel.clone().cancelled_owned();
         let task = tokio::spawn(async move {
@@ -177,6 +216,8 @@ struct RegistrationService {
     plugins: Arc<Mutex<HashMap<String, Plugin>>>,
     observed: mpsc::UnboundedSender<Observed>,
     cancel: CancellationToken,
+    /// The number of the last stream started.
+    streams: AtomicU64,
 }
 
 #[tonic::async_trait]
@@ -229,6 +270,7 @@ impl Registration for RegistrationService {
         tokio::spawn(watch(
             client,
             req.resource_name,
+            self.streams.fetch_add(1, Ordering::Relaxed) + 1,
             self.observed.clone(),
             self.cancel.clone(),
         ));
@@ -240,6 +282,7 @@ impl Registration for RegistrationService {
 async fn watch(
     mut client: DevicePluginClient<Channel>,
     resource: String,
+    stream_number: u64,
     observed: mpsc::UnboundedSender<Observed>,
     cancel: CancellationToken,
 ) {
@@ -258,6 +301,7 @@ async fn watch(
                 Ok(Some(list)) => {
                     let _ = observed.send(Observed::Devices {
                         resource: resource.clone(),
+                        stream: stream_number,
                         devices: list.devices,
                     });
                 }
@@ -265,7 +309,10 @@ async fn watch(
             }
         }
     }
-    let _ = observed.send(Observed::StreamEnded { resource });
+    let _ = observed.send(Observed::StreamEnded {
+        resource,
+        stream: stream_number,
+    });
 }
 
 /// kubelet's extended-resource-name check: `<dns-subdomain>/<name>`, not under kubernetes.io.
@@ -278,4 +325,45 @@ fn is_extended_resource_name(name: &str) -> bool {
         && !name.contains("kubernetes.io/")
         && !name.starts_with("requests.")
         && crate::tree::is_dev_type(rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(resource: &str, stream: u64) -> Observed {
+        Observed::Devices {
+            resource: resource.into(),
+            stream,
+            devices: Vec::new(),
+        }
+    }
+
+    fn ended(resource: &str, stream: u64) -> Observed {
+        Observed::StreamEnded {
+            resource: resource.into(),
+            stream,
+        }
+    }
+
+    #[test]
+    fn a_replaced_streams_late_events_are_not_current() {
+        let mut streams = CurrentStreams::default();
+        assert!(streams.admit(&listed("a.example.com/x", 1)));
+        // The plugin restarted: its new stream lists before the old one's end arrives.
+        assert!(streams.admit(&listed("a.example.com/x", 2)));
+        assert!(!streams.admit(&ended("a.example.com/x", 1)));
+        assert!(!streams.admit(&listed("a.example.com/x", 1)));
+        // Another resource's streams are its own.
+        assert!(streams.admit(&listed("b.example.com/y", 3)));
+        assert!(streams.admit(&ended("b.example.com/y", 3)));
+        assert!(streams.admit(&ended("a.example.com/x", 2)));
+    }
+
+    #[test]
+    fn an_end_with_no_list_yet_is_current() {
+        let mut streams = CurrentStreams::default();
+        assert!(streams.admit(&ended("a.example.com/x", 1)));
+        assert!(streams.admit(&listed("a.example.com/x", 2)));
+    }
 }
