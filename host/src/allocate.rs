@@ -39,8 +39,8 @@ pub enum AllocateError {
         got: usize,
         want: usize,
     },
-    #[error("{resource}: post-allocate hook returned an invalid response: {source}")]
-    HookInvalid { resource: String, source: TreeError },
+    #[error("{resource}: post-allocate hook returned an invalid response: {error}")]
+    HookInvalid { resource: String, error: TreeError },
 }
 
 impl From<AllocateError> for tonic::Status {

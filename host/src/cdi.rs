@@ -66,10 +66,10 @@ pub enum CdiError {
         "CDI kind {kind:?} is not valid (the dev-type must start with a letter and hold only letters, digits, '-' and '_')"
     )]
     Kind { kind: String },
-    #[error("cannot write CDI spec {path}: {source}")]
+    #[error("cannot write CDI spec {path}: {error}")]
     Write {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot encode CDI spec {path}: {message}")]
     Encode { path: PathBuf, message: String },
@@ -192,9 +192,9 @@ impl CdiWriter {
             path: path.clone(),
             message,
         })?;
-        write_atomic(&path, &bytes).map_err(|source| CdiError::Write {
+        write_atomic(&path, &bytes).map_err(|error| CdiError::Write {
             path: path.clone(),
-            source,
+            error,
         })?;
         Ok(Some(path))
     }

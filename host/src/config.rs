@@ -76,10 +76,10 @@ pub struct ScannerConfig {
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("config {path}: {message}")]
     Parse { path: PathBuf, message: String },
@@ -174,9 +174,9 @@ impl Scalar {
 
 /// Reads and checks the config file at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let base = path.parent().unwrap_or(Path::new("."));
     parse(&text, path, base)

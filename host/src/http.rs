@@ -30,10 +30,10 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 /// The address could not be listened on.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr} for /metrics, /healthz, /readyz and /status: {source}")]
+#[error("cannot listen on {addr} for /metrics, /healthz, /readyz and /status: {error}")]
 pub struct BindError {
     pub addr: SocketAddr,
-    pub source: std::io::Error,
+    pub error: std::io::Error,
 }
 
 /// A running endpoint. [`HttpServer::stop`] (or dropping it) closes the listener and every
@@ -55,10 +55,10 @@ impl HttpServer {
     pub async fn start(addr: SocketAddr, obs: Observability) -> Result<Self, BindError> {
         let listener = TcpListener::bind(addr)
             .await
-            .map_err(|source| BindError { addr, source })?;
+            .map_err(|error| BindError { addr, error })?;
         let bound = listener
             .local_addr()
-            .map_err(|source| BindError { addr, source })?;
+            .map_err(|error| BindError { addr, error })?;
         let cancel = CancellationToken::new();
         let task = tokio::spawn(accept(listener, obs, cancel.clone()));
         Ok(HttpServer {

@@ -608,9 +608,9 @@ impl PluginService {
             .enumerate()
             .map(|(i, r)| hooks.check_response(i, r))
             .collect::<Result<_, _>>()
-            .map_err(|source| AllocateError::HookInvalid {
+            .map_err(|error| AllocateError::HookInvalid {
                 resource: resource.clone(),
-                source,
+                error,
             })
     }
 }

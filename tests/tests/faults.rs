@@ -189,8 +189,18 @@ fn components_that_are_not_scanners_are_refused_at_start() {
     let (f, plugins, _) = setup();
     let not_wasm = f.path().join("notes.wasm");
     std::fs::write(&not_wasm, "this is not wasm").unwrap();
+    // The smallest valid core module: header and version, no sections.
+    let core_module = f.path().join("core.wasm");
+    std::fs::write(&core_module, b"\0asm\x01\0\0\0").unwrap();
     for (component, needle) in [
-        (not_wasm.clone(), "is not a valid wasm component"),
+        (
+            not_wasm.clone(),
+            "notes.wasm is not a valid wasm component: it is not WebAssembly at all",
+        ),
+        (
+            core_module,
+            "core.wasm is not a valid wasm component: it is a core wasm module (build it for wasm32-wasip2, or wrap it with `wasm-tools component new`)",
+        ),
         (
             guest("test_hooks"),
             "does not export wdp:device-plugin/scanner",
@@ -209,6 +219,8 @@ fn components_that_are_not_scanners_are_refused_at_start() {
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("scanner odd") && err.contains(needle), "{err}");
+        // One line, the cause said once (no parser dump, no chain repeating the message).
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(wdp_tests::host::sockets(&plugins).is_empty());
     }
 }

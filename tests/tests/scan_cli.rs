@@ -167,12 +167,42 @@ fn bad_inputs_are_explained() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nope.wasm"), "{err}");
+    // The cause is said once, not again by the error chain.
+    let enoent = "No such file or directory (os error 2)";
+    assert_eq!(err.matches(enoent).count(), 1, "{err}");
+
+    let missing_root = f.path().join("no-dev");
+    let out = wdp(&[
+        "scan",
+        "--component",
+        &guest("kvm").display().to_string(),
+        "--dev-root",
+        &missing_root.display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "error: cannot open the dev root {}: {enoent}\n",
+        missing_root.display()
+    );
+    assert_eq!(err, want);
+    let missing_config = f.path().join("no.yaml");
+    let out = wdp(&["run", "--config", &missing_config.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "error: cannot read config {}: {enoent}\n",
+        missing_config.display()
+    );
+    assert_eq!(err, want);
 
     let not_wasm = f.path().join("text.wasm");
     std::fs::write(&not_wasm, "hello").unwrap();
     let out = scan(&not_wasm, &f, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not a valid wasm component"), "{err}");
+    assert!(
+        err.contains("not a valid wasm component: it is not WebAssembly at all"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
 
     // A hook is not a scanner.
     let out = scan(&guest("test_hooks"), &f, &[]);

@@ -212,10 +212,10 @@ impl Host {
                 let parsed = config::parse(&text, &self.config, config_base(&self.config));
                 (text, parsed)
             }
-            Err(source) => {
+            Err(e) => {
                 let error = ConfigError::Read {
                     path: self.config.clone(),
-                    source,
+                    error: e,
                 };
                 tracing::error!("config reload refused, the running scanners are kept: {error}");
                 return Reload::Refused;
@@ -263,9 +263,9 @@ async fn apply(fleet: &mut Fleet, plan: Plan, what: &str) {
 
 /// Reads and checks the config file, keeping its text to compare with later reads.
 fn read_config(path: &Path) -> Result<(String, Config), ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let config = config::parse(&text, path, config_base(path))?;
     Ok((text, config))

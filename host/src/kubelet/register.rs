@@ -13,10 +13,10 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why a registration did not go through.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
-    #[error("cannot connect to kubelet at {path}: {source}")]
+    #[error("cannot connect to kubelet at {path}: {error}")]
     Connect {
         path: String,
-        source: tonic::transport::Error,
+        error: tonic::transport::Error,
     },
     #[error("kubelet refused {resource}: {status}")]
     Refused {
@@ -38,9 +38,9 @@ pub async fn register(
         let channel =
             transport::connect(kubelet_socket)
                 .await
-                .map_err(|source| RegisterError::Connect {
+                .map_err(|error| RegisterError::Connect {
                     path: kubelet_socket.display().to_string(),
-                    source,
+                    error,
                 })?;
         RegistrationClient::new(channel)
             .register(RegisterRequest {

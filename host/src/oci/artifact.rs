@@ -1,7 +1,8 @@
 //! The Wasm OCI artifact layout (CNCF TAG-Runtime, the one `wkg`, `wasm-pkg-tools` and
 //! `oci-wasm` write): a manifest with one `application/wasm` layer and a config of type
 //! `application/vnd.wasm.config.v0+json` that names the component's imports and exports, so a
-//! puller can judge a component's world before it fetches or compiles it.
+//! puller can judge a component's world before it fetches or compiles it. [`Package`] assembles
+//! it for a push; [`check`] holds a pulled manifest to it before any layer is fetched.
 //!
 //! Written here rather than taken from `oci-wasm`, whose config it reproduces field for field:
 //! that crate reads a component's world with `wit-component` 0.253, a second copy of the wasm
@@ -11,6 +12,8 @@
 
 use std::time::SystemTime;
 
+use oci_client::client::{Config, ImageLayer};
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde::{Deserialize, Serialize};
 use wasmparser::{Encoding, Parser, Payload};
 
@@ -61,6 +64,79 @@ pub enum ArtifactError {
     CoreModule,
     #[error("not a wasm binary: {0}")]
     Malformed(#[from] wasmparser::BinaryReaderError),
+}
+
+/// Why a pulled manifest is not a wasm component artifact.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error("manifest media type {0:?}, not {MANIFEST_MEDIA_TYPE}")]
+    ManifestType(String),
+    #[error("config media type {0:?}, not {CONFIG_MEDIA_TYPE}")]
+    ConfigType(String),
+    #[error("{0} layers, not one")]
+    Layers(usize),
+    #[error("layer media type {0:?}, not {LAYER_MEDIA_TYPE}")]
+    LayerType(String),
+    #[error("its config is not a wasm config: {0}")]
+    Config(serde_json::Error),
+    #[error("the config's layerDigests do not list the layer")]
+    UnlistedLayer,
+}
+
+/// What a push sends: the component as the one layer, its config, and the manifest naming both.
+pub struct Package {
+    pub layers: Vec<ImageLayer>,
+    pub config: Config,
+    pub manifest: OciImageManifest,
+}
+
+impl Package {
+    /// Packages `component`, whose digest is `digest`.
+    pub fn of(component: Vec<u8>, digest: String) -> Result<Self, ArtifactError> {
+        let config = WasmConfig::for_component(&component, digest)?;
+        let config = Config::new(
+            serde_json::to_vec(&config).expect("a config of strings serialises"),
+            CONFIG_MEDIA_TYPE.into(),
+            None,
+        );
+        let layers = vec![ImageLayer::new(component, LAYER_MEDIA_TYPE.into(), None)];
+        let mut manifest = OciImageManifest::build(&layers, &config, None);
+        manifest.media_type = Some(MANIFEST_MEDIA_TYPE.into());
+        Ok(Package {
+            layers,
+            config,
+            manifest,
+        })
+    }
+}
+
+/// Checks a pulled manifest and its config (the text the registry served) against the layout,
+/// before any layer is fetched. Returns the component's layer and the config.
+pub fn check<'m>(
+    manifest: &'m OciImageManifest,
+    config: &str,
+) -> Result<(&'m OciDescriptor, WasmConfig), LayoutError> {
+    if let Some(other) = manifest
+        .media_type
+        .as_deref()
+        .filter(|m| *m != MANIFEST_MEDIA_TYPE)
+    {
+        return Err(LayoutError::ManifestType(other.into()));
+    }
+    if manifest.config.media_type != CONFIG_MEDIA_TYPE {
+        return Err(LayoutError::ConfigType(manifest.config.media_type.clone()));
+    }
+    let [layer] = manifest.layers.as_slice() else {
+        return Err(LayoutError::Layers(manifest.layers.len()));
+    };
+    if layer.media_type != LAYER_MEDIA_TYPE {
+        return Err(LayoutError::LayerType(layer.media_type.clone()));
+    }
+    let config: WasmConfig = serde_json::from_str(config).map_err(LayoutError::Config)?;
+    if !config.layer_digests.contains(&layer.digest) {
+        return Err(LayoutError::UnlistedLayer);
+    }
+    Ok((layer, config))
 }
 
 impl ComponentWorld {
@@ -187,5 +263,33 @@ mod tests {
             assert!(json.get(key).is_some(), "{key} missing from {json}");
         }
         assert_eq!(json["os"], "wasip2");
+    }
+
+    #[test]
+    fn a_package_passes_its_own_check_and_a_changed_one_does_not() {
+        let package = Package::of(COMPONENT.to_vec(), "sha256:00".into()).expect("packages");
+        let config = String::from_utf8(package.config.data.to_vec()).expect("json");
+        let manifest = &package.manifest;
+        // The digest the manifest gives the layer is what the config must list.
+        let listed = config.replace("sha256:00", &manifest.layers[0].digest);
+        let (layer, parsed) = check(manifest, &listed).expect("our own layout");
+        assert_eq!(layer.media_type, LAYER_MEDIA_TYPE);
+        assert_eq!(parsed.layer_digests, std::slice::from_ref(&layer.digest));
+        assert!(matches!(
+            check(manifest, &config),
+            Err(LayoutError::UnlistedLayer)
+        ));
+
+        let mut other = manifest.clone();
+        other.layers[0].media_type = "application/vnd.oci.image.layer.v1.tar+gzip".into();
+        let err = check(&other, &listed).expect_err("a container layer");
+        assert_eq!(
+            err.to_string(),
+            "layer media type \"application/vnd.oci.image.layer.v1.tar+gzip\", not application/wasm"
+        );
+        let mut two = manifest.clone();
+        two.layers.push(manifest.layers[0].clone());
+        assert!(matches!(check(&two, &listed), Err(LayoutError::Layers(2))));
+        assert!(matches!(check(manifest, "{}"), Err(LayoutError::Config(_))));
     }
 }

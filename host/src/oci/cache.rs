@@ -81,7 +81,7 @@ impl Cache {
         write_atomic(&blob, &pulled.bytes)?;
         let config = serde_json::to_vec(&pulled.config).map_err(|e| OciError::Cache {
             path: blob.clone(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         write_atomic(&self.config_path(&pulled.layer_digest), &config)?;
         let entry = RefEntry {
@@ -91,7 +91,7 @@ impl Cache {
         };
         let entry = serde_json::to_vec(&entry).map_err(|e| OciError::Cache {
             path: blob.clone(),
-            source: std::io::Error::other(e),
+            error: std::io::Error::other(e),
         })?;
         write_atomic(&self.ref_path(reference), &entry)?;
         Ok(blob)
@@ -119,9 +119,9 @@ impl Cache {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OciError> {
-    let err = |source| OciError::Cache {
+    let err = |error| OciError::Cache {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(err)?;

@@ -16,8 +16,7 @@ pub mod sign;
 
 use std::path::{Path, PathBuf};
 
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::OciImageManifest;
+use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::{Digest, Sha256};
@@ -43,11 +42,11 @@ pub struct RegistryOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
     #[error(
-        "{reference:?} is not a valid OCI reference (registry/repository[:tag][@sha256:digest]): {source}"
+        "{reference:?} is not a valid OCI reference (registry/repository[:tag][@sha256:digest]): {error}"
     )]
     Reference {
         reference: String,
-        source: oci_client::ParseError,
+        error: oci_client::ParseError,
     },
     #[error("{reference}: the registry could not be reached or refused: {message}")]
     Registry { reference: String, message: String },
@@ -55,8 +54,11 @@ pub enum OciError {
         "{reference}: the registry wants credentials it did not get or did not accept (give --username/--password, WDP_REGISTRY_USERNAME/WDP_REGISTRY_PASSWORD, or log in so the docker config file has them): {message}"
     )]
     Unauthorized { reference: String, message: String },
-    #[error("{reference}: not a wasm component artifact: {message}")]
-    Layout { reference: String, message: String },
+    #[error("{reference}: not a wasm component artifact: {error}")]
+    Layout {
+        reference: String,
+        error: artifact::LayoutError,
+    },
     #[error("{reference}: digest mismatch: expected {expected}, got {actual}")]
     Digest {
         reference: String,
@@ -75,10 +77,10 @@ pub enum OciError {
         "{reference}: a digest is required (the config sets oci.require-digest): pin it as @sha256:..."
     )]
     DigestRequired { reference: String },
-    #[error("cache {path}: {source}")]
+    #[error("cache {path}: {error}")]
     Cache {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: {message}")]
     File { path: PathBuf, message: String },
@@ -88,9 +90,9 @@ pub enum OciError {
 pub fn parse_reference(s: &str) -> Result<Reference, OciError> {
     let bare = s.strip_prefix(SCHEME).unwrap_or(s);
     bare.parse::<Reference>()
-        .map_err(|source| OciError::Reference {
+        .map_err(|error| OciError::Reference {
             reference: s.to_string(),
-            source,
+            error,
         })
 }
 
@@ -156,29 +158,20 @@ impl Registry {
             path: file.to_path_buf(),
             message: e.to_string(),
         })?;
-        let config = WasmConfig::for_component(&bytes, sha256_digest(&bytes)).map_err(|e| {
-            OciError::File {
-                path: file.to_path_buf(),
-                message: format!("not a wasm component: {e}"),
-            }
+        let digest = sha256_digest(&bytes);
+        let package = artifact::Package::of(bytes, digest).map_err(|e| OciError::File {
+            path: file.to_path_buf(),
+            message: format!("not a wasm component: {e}"),
         })?;
-        let layers = [ImageLayer {
-            data: bytes.into(),
-            media_type: artifact::LAYER_MEDIA_TYPE.into(),
-            annotations: None,
-        }];
-        let config = Config {
-            data: serde_json::to_vec(&config)
-                .expect("a config of strings serialises")
-                .into(),
-            media_type: artifact::CONFIG_MEDIA_TYPE.into(),
-            annotations: None,
-        };
-        let mut manifest = OciImageManifest::build(&layers, &config, None);
-        manifest.media_type = Some(artifact::MANIFEST_MEDIA_TYPE.into());
         let response = self
             .client
-            .push(&r, &layers, config, &self.auth(&r), Some(manifest))
+            .push(
+                &r,
+                &package.layers,
+                package.config,
+                &self.auth(&r),
+                Some(package.manifest),
+            )
             .await
             .map_err(|e| classify(reference, e))?;
         // The manifest URL ends in the digest the registry stored it under.
@@ -199,32 +192,11 @@ impl Registry {
             .pull_manifest_and_config(&r, &auth)
             .await
             .map_err(|e| classify(reference, e))?;
-        let layout = |message: String| OciError::Layout {
-            reference: reference.into(),
-            message,
-        };
-        if let Some(other) = manifest
-            .media_type
-            .as_deref()
-            .filter(|m| *m != artifact::MANIFEST_MEDIA_TYPE)
-        {
-            return Err(layout(format!(
-                "manifest media type {other:?}, not {}",
-                artifact::MANIFEST_MEDIA_TYPE
-            )));
-        }
-        if manifest.config.media_type != artifact::CONFIG_MEDIA_TYPE {
-            return Err(layout(format!(
-                "config media type {:?}, not {}",
-                manifest.config.media_type,
-                artifact::CONFIG_MEDIA_TYPE
-            )));
-        }
-        let [layer] = manifest.layers.as_slice() else {
-            return Err(layout(format!("{} layers, not one", manifest.layers.len())));
-        };
-        let config: WasmConfig = serde_json::from_str(&config)
-            .map_err(|e| layout(format!("its config is not a wasm config: {e}")))?;
+        let (layer, config) =
+            artifact::check(&manifest, &config).map_err(|error| OciError::Layout {
+                reference: reference.into(),
+                error,
+            })?;
         if let Some(pinned) = r.digest()
             && pinned != manifest_digest
         {
@@ -233,13 +205,6 @@ impl Registry {
                 expected: pinned.into(),
                 actual: manifest_digest,
             });
-        }
-        if layer.media_type != artifact::LAYER_MEDIA_TYPE {
-            return Err(layout(format!(
-                "layer media type {:?}, not {}",
-                layer.media_type,
-                artifact::LAYER_MEDIA_TYPE
-            )));
         }
         let mut bytes = Vec::new();
         self.client
@@ -253,11 +218,6 @@ impl Registry {
                 expected: layer.digest.clone(),
                 actual,
             });
-        }
-        if !config.layer_digests.contains(&actual) {
-            return Err(layout(
-                "the config's layerDigests do not list the layer".into(),
-            ));
         }
         Ok(Pulled {
             manifest_digest,

@@ -70,8 +70,8 @@ pub enum DevfsError {
     NotASymlink { path: String },
     #[error("{path:?}: more than {MAX_DIR_ENTRIES} entries")]
     TooManyEntries { path: String },
-    #[error("{path:?}: {source}")]
-    Io { path: String, source: io::Error },
+    #[error("{path:?}: {error}")]
+    Io { path: String, error: io::Error },
 }
 
 /// The dev root, opened once as a capability (or, replaying a snapshot, its recorded table).
@@ -145,11 +145,11 @@ impl DevFs {
                 ResolveError::Escape => DevfsError::Escape { path },
                 ResolveError::Loop => DevfsError::Io {
                     path,
-                    source: io::Error::from_raw_os_error(rustix::io::Errno::LOOP.raw_os_error()),
+                    error: io::Error::from_raw_os_error(rustix::io::Errno::LOOP.raw_os_error()),
                 },
                 ResolveError::Io(m) => DevfsError::Io {
                     path,
-                    source: io::Error::other(m),
+                    error: io::Error::other(m),
                 },
             }
         })
@@ -411,7 +411,7 @@ fn map_io(path: &str, e: io::Error) -> DevfsError {
         io::ErrorKind::NotADirectory => DevfsError::NotADirectory { path },
         // cap-std reports a resolution that would leave the root as PermissionDenied.
         io::ErrorKind::PermissionDenied => DevfsError::Escape { path },
-        _ => DevfsError::Io { path, source: e },
+        _ => DevfsError::Io { path, error: e },
     }
 }
 

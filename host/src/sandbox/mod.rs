@@ -112,40 +112,45 @@ pub struct SandboxOptions {
 }
 
 /// Errors setting up the sandbox or loading a component.
+///
+/// Each message carries its cause whole (a wasmtime error with its chain): the cause is not also
+/// a `source`, so `{:#}` at the edges prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
-    #[error("cannot open the dev root {path}: {source}")]
+    #[error("cannot open the dev root {path}: {error}")]
     DevRoot {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("cannot use the sys root {path}: {source}")]
+    #[error("cannot use the sys root {path}: {error}")]
     SysRoot {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("cannot read component {path}: {source}")]
+    #[error("cannot read component {path}: {error}")]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {source}")]
+    #[error("{path} is not a valid wasm component: {what}")]
+    NotComponent { path: PathBuf, what: &'static str },
+    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {error:#}")]
     Compile {
         path: PathBuf,
-        source: wasmtime::Error,
+        error: wasmtime::Error,
     },
-    #[error("{path} needs imports this host does not provide: {source}")]
+    #[error("{path} needs imports this host does not provide: {error:#}")]
     Link {
         path: PathBuf,
-        source: wasmtime::Error,
+        error: wasmtime::Error,
     },
-    #[error("{path} does not export {export}: {source}")]
+    #[error("{path} does not export {export}: {error:#}")]
     MissingExport {
         path: PathBuf,
         export: &'static str,
-        source: wasmtime::Error,
+        error: wasmtime::Error,
     },
-    #[error("wasmtime: {0}")]
+    #[error("wasmtime: {0:#}")]
     Engine(wasmtime::Error),
 }
 
@@ -192,18 +197,18 @@ impl Sandbox {
         } = options;
         let devfs = match devfs {
             Some(devfs) => devfs,
-            None => DevFs::open(&roots.dev).map_err(|source| SandboxError::DevRoot {
+            None => DevFs::open(&roots.dev).map_err(|error| SandboxError::DevRoot {
                 path: roots.dev.clone(),
-                source,
+                error,
             })?,
         };
         let devfs = match &recorder {
             Some(r) => devfs.recording(r.clone()),
             None => devfs,
         };
-        std::fs::read_dir(&roots.sys).map_err(|source| SandboxError::SysRoot {
+        std::fs::read_dir(&roots.sys).map_err(|error| SandboxError::SysRoot {
             path: roots.sys.clone(),
-            source,
+            error,
         })?;
         let (engine, clock) = engine::new_engine().map_err(SandboxError::Engine)?;
         let mut linker = Linker::new(&engine);
@@ -248,10 +253,23 @@ impl Sandbox {
     pub async fn load(&self, path: &Path) -> Result<LoadedComponent, SandboxError> {
         let bytes = tokio::fs::read(path)
             .await
-            .map_err(|source| SandboxError::Read {
+            .map_err(|error| SandboxError::Read {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
+        // wasmtime's own message for these is the parser's, with the expected header dumped
+        // byte by byte: say what the file is instead.
+        if !wasmparser::Parser::is_component(&bytes) {
+            return Err(SandboxError::NotComponent {
+                path: path.to_path_buf(),
+                what: if wasmparser::Parser::is_core_wasm(&bytes) {
+                    "it is a core wasm module (build it for wasm32-wasip2, or wrap it with \
+                     `wasm-tools component new`)"
+                } else {
+                    "it is not WebAssembly at all (no `\\0asm` header; build it for wasm32-wasip2)"
+                },
+            });
+        }
         let engine = self.engine.clone();
         let cache = self.compile_cache.clone();
         let started = std::time::Instant::now();
@@ -261,9 +279,9 @@ impl Sandbox {
         })
         .await
         .map_err(|e| SandboxError::Engine(wasmtime::format_err!("compile task failed: {e}")))?;
-        let (component, outcome) = compiled.map_err(|source| SandboxError::Compile {
+        let (component, outcome) = compiled.map_err(|error| SandboxError::Compile {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         let cached = outcome == compile_cache::CacheOutcome::Hit;
         tracing::info!(
@@ -276,9 +294,9 @@ impl Sandbox {
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .map_err(|source| SandboxError::Link {
+            .map_err(|error| SandboxError::Link {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         Ok(LoadedComponent {
             path: path.to_path_buf(),
@@ -303,7 +321,7 @@ impl Sandbox {
             .preopened_dir(&self.roots.sys, "/sys", FsPerms::ReadOnly)
             .map_err(|e| SandboxError::SysRoot {
                 path: self.roots.sys.clone(),
-                source: std::io::Error::other(e.to_string()),
+                error: std::io::Error::other(e.to_string()),
             })?;
         let limits = limits::GuestLimiter {
             memory: usize::try_from(guest.limits.memory).unwrap_or(usize::MAX),
@@ -347,11 +365,11 @@ impl LoadedComponent {
 
     /// Checks that it exports `scanner`.
     pub fn scanner(&self) -> Result<bindings::scanner::ScannerPluginPre<GuestState>, SandboxError> {
-        bindings::scanner::ScannerPluginPre::new(self.pre.clone()).map_err(|source| {
+        bindings::scanner::ScannerPluginPre::new(self.pre.clone()).map_err(|error| {
             SandboxError::MissingExport {
                 path: self.path.clone(),
                 export: "wdp:device-plugin/scanner",
-                source,
+                error,
             }
         })
     }
