@@ -59,7 +59,8 @@ pub struct ComponentWorld {
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     #[error(
-        "a core wasm module, not a component (build for wasm32-wasip2, or wrap it with `wasm-tools component new`)"
+        "a core wasm module, not a component ({})",
+        crate::sandbox::CORE_MODULE_REMEDY
     )]
     CoreModule,
     #[error("not a wasm binary: {0}")]
@@ -91,9 +92,9 @@ pub struct Package {
 }
 
 impl Package {
-    /// Packages `component`, whose digest is `digest`.
-    pub fn of(component: Vec<u8>, digest: String) -> Result<Self, ArtifactError> {
-        let config = WasmConfig::for_component(&component, digest)?;
+    /// Packages `component`.
+    pub fn of(component: Vec<u8>) -> Result<Self, ArtifactError> {
+        let config = WasmConfig::for_component(&component, super::sha256_digest(&component))?;
         let config = Config::new(
             serde_json::to_vec(&config).expect("a config of strings serialises"),
             CONFIG_MEDIA_TYPE.into(),
@@ -267,16 +268,16 @@ mod tests {
 
     #[test]
     fn a_package_passes_its_own_check_and_a_changed_one_does_not() {
-        let package = Package::of(COMPONENT.to_vec(), "sha256:00".into()).expect("packages");
-        let config = String::from_utf8(package.config.data.to_vec()).expect("json");
+        let package = Package::of(COMPONENT.to_vec()).expect("packages");
+        let listed = String::from_utf8(package.config.data.to_vec()).expect("json");
         let manifest = &package.manifest;
-        // The digest the manifest gives the layer is what the config must list.
-        let listed = config.replace("sha256:00", &manifest.layers[0].digest);
         let (layer, parsed) = check(manifest, &listed).expect("our own layout");
         assert_eq!(layer.media_type, LAYER_MEDIA_TYPE);
         assert_eq!(parsed.layer_digests, std::slice::from_ref(&layer.digest));
+        // The digest the manifest gives the layer is what the config must list.
+        let unlisted = listed.replace(&layer.digest, "sha256:00");
         assert!(matches!(
-            check(manifest, &config),
+            check(manifest, &unlisted),
             Err(LayoutError::UnlistedLayer)
         ));
 

@@ -158,8 +158,7 @@ impl Registry {
             path: file.to_path_buf(),
             message: e.to_string(),
         })?;
-        let digest = sha256_digest(&bytes);
-        let package = artifact::Package::of(bytes, digest).map_err(|e| OciError::File {
+        let package = artifact::Package::of(bytes).map_err(|e| OciError::File {
             path: file.to_path_buf(),
             message: format!("not a wasm component: {e}"),
         })?;

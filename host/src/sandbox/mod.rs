@@ -111,6 +111,10 @@ pub struct SandboxOptions {
     pub recorder: Option<Arc<crate::snapshot::record::Recorder>>,
 }
 
+/// What to do with a core wasm module, which this host does not run: said wherever one is refused.
+pub const CORE_MODULE_REMEDY: &str =
+    "build it for wasm32-wasip2, or wrap it with `wasm-tools component new`";
+
 /// Errors setting up the sandbox or loading a component.
 ///
 /// Each message carries its cause whole (a wasmtime error with its chain): the cause is not also
@@ -132,8 +136,15 @@ pub enum SandboxError {
         path: PathBuf,
         error: std::io::Error,
     },
-    #[error("{path} is not a valid wasm component: {what}")]
-    NotComponent { path: PathBuf, what: &'static str },
+    #[error(
+        "{path} is not a valid wasm component: it is a core wasm module ({})",
+        CORE_MODULE_REMEDY
+    )]
+    CoreModule { path: PathBuf },
+    #[error(
+        "{path} is not a valid wasm component: it is not WebAssembly at all (no `\\0asm` header; build it for wasm32-wasip2)"
+    )]
+    NotWasm { path: PathBuf },
     #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {error:#}")]
     Compile {
         path: PathBuf,
@@ -260,14 +271,11 @@ impl Sandbox {
         // wasmtime's own message for these is the parser's, with the expected header dumped
         // byte by byte: say what the file is instead.
         if !wasmparser::Parser::is_component(&bytes) {
-            return Err(SandboxError::NotComponent {
-                path: path.to_path_buf(),
-                what: if wasmparser::Parser::is_core_wasm(&bytes) {
-                    "it is a core wasm module (build it for wasm32-wasip2, or wrap it with \
-                     `wasm-tools component new`)"
-                } else {
-                    "it is not WebAssembly at all (no `\\0asm` header; build it for wasm32-wasip2)"
-                },
+            let path = path.to_path_buf();
+            return Err(if wasmparser::Parser::is_core_wasm(&bytes) {
+                SandboxError::CoreModule { path }
+            } else {
+                SandboxError::NotWasm { path }
             });
         }
         let engine = self.engine.clone();
