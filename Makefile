@@ -20,15 +20,20 @@ C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-l
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench clean
+.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench clean
 
 all: build
 
 ## setup: install what the build and tests need (idempotent): the wasm32-wasip2 target, Debian's
 ## docker-registry (a real OCI registry for the OCI tests, run on 127.0.0.1 by them), and the
 ## Python/JavaScript/C guest toolchains, pinned (scripts/setup-toolchains.sh)
-setup: setup-rust
+setup: setup-rust setup-podman
 	@scripts/setup-toolchains.sh
+
+## setup-podman: Debian's podman and runc, a real container runtime for the tests that run the
+## shipped image and resolve CDI devices (crun, podman's default, refuses some cgroup layouts)
+setup-podman:
+	@command -v podman >/dev/null && command -v runc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }
 
 ## setup-rust: only what Rust guests and the host need (the wasm32-wasip2 target)
 setup-rust:
