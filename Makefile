@@ -31,9 +31,12 @@ setup: setup-rust setup-podman
 	@scripts/setup-toolchains.sh
 
 ## setup-podman: Debian's podman and runc, a real container runtime for the tests that run the
-## shipped image and resolve CDI devices (crun, podman's default, refuses some cgroup layouts)
+## shipped image and resolve CDI devices (crun, podman's default, refuses some cgroup layouts),
+## and a C compiler that links statically (the CDI test's one-program image)
 setup-podman:
 	@command -v podman >/dev/null && command -v runc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }
+	@# The CDI test's image is one program linked statically: a C compiler with a static libc.
+	@echo 'int main(void){return 0;}' | cc -static -x c -o /dev/null - 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
 
 ## setup-rust: only what Rust guests and the host need (the wasm32-wasip2 target)
 setup-rust:

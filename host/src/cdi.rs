@@ -9,9 +9,15 @@
 //! to a temporary name and renamed, so a runtime never reads half a spec.
 //!
 //! Kind `<namespace>/<dev-type>` (one kind per resource, e.g. `gpu.intel.com/i915`), one CDI
-//! device per device id (`gpu.intel.com/i915=card0-0`), CDI spec version 0.6.0 (the first with
-//! per-device annotations). A device id that is not a valid CDI device name is served without a
-//! CDI name (logged once per tree); its default Allocate answer still carries everything.
+//! device per device id (`gpu.intel.com/i915=card0-0`). Each spec declares the lowest CDI version
+//! its content needs ([`version`]), so runtimes with an older CDI library read every spec they
+//! can, and is checked against that version's rules ([`schema`]) before it is written. A device
+//! id that is not a valid CDI device name, or a device with nothing for a runtime to apply (no
+//! node, mount or env: a runtime refuses a spec holding one), is served without a CDI name
+//! (logged once per tree); its default Allocate answer still carries everything.
+
+pub mod schema;
+pub mod version;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -20,11 +26,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, is_cdi_name};
+use version::CdiVersion;
 
 /// Where container runtimes look for specs unless configured otherwise.
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
-/// The CDI spec version written.
-pub const CDI_VERSION: &str = "0.6.0";
 
 /// How spec files are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,9 +68,14 @@ impl Default for CdiConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
     #[error(
-        "CDI kind {kind:?} is not valid (the dev-type must start with a letter and hold only letters, digits, '-' and '_')"
+        "CDI kind {kind:?} is not valid (the namespace and the dev-type must start with a letter, end with a letter or digit, and hold only letters, digits, '-', '_' and '.')"
     )]
     Kind { kind: String },
+    #[error("CDI spec {path} would not load in a container runtime: {error}")]
+    Schema {
+        path: PathBuf,
+        error: schema::SchemaError,
+    },
     #[error("cannot write CDI spec {path}: {error}")]
     Write {
         path: PathBuf,
@@ -141,7 +151,7 @@ impl CdiWriter {
             }
             for (id, info) in group.iter_mut() {
                 let name = format!("{kind}={id}");
-                if is_cdi_name(&name) && !info.cdi_devices.contains(&name) {
+                if SpecDevice::describes(&kind, id, info) && !info.cdi_devices.contains(&name) {
                     info.cdi_devices.push(name);
                 }
             }
@@ -168,13 +178,13 @@ impl CdiWriter {
         if !is_cdi_name(&format!("{kind}=x")) {
             return Err(CdiError::Kind { kind: kind.into() });
         }
-        let spec = Spec::new(kind, group);
+        let mut spec = Spec::new(kind, group);
         let skipped = group.len() - spec.devices.len();
         if skipped > 0 {
             tracing::warn!(
                 kind,
                 skipped,
-                "device ids that are not CDI device names get no CDI name"
+                "devices whose id is not a CDI device name, or with no node, mount or env, get no CDI name"
             );
         }
         let path = self.path(dev_type);
@@ -182,6 +192,7 @@ impl CdiWriter {
             remove(&path);
             return Ok(None);
         }
+        spec.settle_version(&path)?;
         let bytes = match self.config.format {
             CdiFormat::Json => serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string()),
             CdiFormat::Yaml => serde_yaml_ng::to_string(&spec)
@@ -264,7 +275,10 @@ struct ContainerEdits {
 #[serde(rename_all = "camelCase")]
 struct DeviceNode {
     path: String,
-    host_path: String,
+    /// Only where it differs from `path` (the runtime uses `path` then): a host path needs CDI
+    /// 0.5.0, and most nodes keep their path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_path: Option<String>,
     permissions: String,
 }
 
@@ -282,18 +296,42 @@ impl Spec {
     fn new(kind: &str, group: &DeviceGroup) -> Self {
         let devices = group
             .iter()
-            .filter(|(id, _)| is_cdi_name(&format!("{kind}={id}")))
+            .filter(|(id, info)| SpecDevice::describes(kind, id, info))
             .map(|(id, info)| SpecDevice::new(id, info))
             .collect();
         Spec {
-            cdi_version: CDI_VERSION,
+            cdi_version: CdiVersion::V0_3_0.as_str(),
             kind: kind.to_string(),
             devices,
         }
     }
+
+    /// Declares the lowest CDI version the content needs, and checks the spec against that
+    /// version's rules: a spec a runtime would refuse is never written.
+    fn settle_version(&mut self, path: &Path) -> Result<(), CdiError> {
+        let mut doc = serde_json::to_value(&*self).map_err(|e| CdiError::Encode {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        let needs = version::minimum(&doc);
+        self.cdi_version = needs.as_str();
+        doc["cdiVersion"] = needs.as_str().into();
+        schema::check(&doc).map_err(|error| CdiError::Schema {
+            path: path.into(),
+            error,
+        })?;
+        Ok(())
+    }
 }
 
 impl SpecDevice {
+    /// Whether device `id` of `kind` goes into the spec: its CDI name is valid, and it has
+    /// something for the runtime to apply.
+    fn describes(kind: &str, id: &str, info: &DeviceInfo) -> bool {
+        is_cdi_name(&format!("{kind}={id}"))
+            && !(info.nodes.is_empty() && info.mounts.is_empty() && info.envs.is_empty())
+    }
+
     fn new(id: &str, info: &DeviceInfo) -> Self {
         SpecDevice {
             name: id.to_string(),
@@ -305,7 +343,7 @@ impl SpecDevice {
                     .iter()
                     .map(|n| DeviceNode {
                         path: n.container_path.clone(),
-                        host_path: n.host_path.clone(),
+                        host_path: (n.host_path != n.container_path).then(|| n.host_path.clone()),
                         permissions: n.permissions.clone(),
                     })
                     .collect(),
@@ -383,16 +421,16 @@ mod tests {
         assert_eq!(
             spec,
             serde_json::json!({
-                "cdiVersion": "0.6.0",
+                "cdiVersion": "0.4.0",
                 "kind": "gpu.example.com/i915",
                 "devices": [
                     {"name": "card0", "containerEdits": {
                         "env": ["A=1"],
-                        "deviceNodes": [{"path": "/dev/dri/card0", "hostPath": "/dev/dri/card0", "permissions": "rw"}],
+                        "deviceNodes": [{"path": "/dev/dri/card0", "permissions": "rw"}],
                         "mounts": [{"hostPath": "/dev/dri/by-path", "containerPath": "/dev/dri/by-path", "type": "none", "options": ["bind", "ro"]}]}},
                     {"name": "card1", "containerEdits": {
                         "env": ["A=1"],
-                        "deviceNodes": [{"path": "/dev/dri/card1", "hostPath": "/dev/dri/card1", "permissions": "rw"}],
+                        "deviceNodes": [{"path": "/dev/dri/card1", "permissions": "rw"}],
                         "mounts": [{"hostPath": "/dev/dri/by-path", "containerPath": "/dev/dri/by-path", "type": "none", "options": ["bind", "ro"]}]}}
                 ]
             })
@@ -418,6 +456,91 @@ mod tests {
         assert!(!path.exists());
         let left: Vec<_> = std::fs::read_dir(tmp.path().join("cdi")).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// The `cdiVersion` and content of `w`'s spec for `dev_type`.
+    fn written(w: &CdiWriter, dev_type: &str) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(w.path(dev_type)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_version_follows_the_content_and_a_change_rewrites_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path(), CdiFormat::Json);
+        let node = |host: &str| DeviceSpec {
+            container_path: "/dev/ttyUSB0".into(),
+            host_path: host.into(),
+            permissions: "rw".into(),
+        };
+        let only = |info: DeviceInfo| {
+            DeviceTree(BTreeMap::from([(
+                "tty".to_string(),
+                DeviceGroup::from([("port-a".to_string(), info)]),
+            )]))
+        };
+        let plain = DeviceInfo {
+            nodes: vec![node("/dev/ttyUSB0")],
+            ..DeviceInfo::default()
+        };
+        w.sync(&only(plain.clone()));
+        assert_eq!(written(&w, "tty")["cdiVersion"], "0.3.0");
+        let moved = DeviceInfo {
+            nodes: vec![node("/dev/ttyUSB1")],
+            ..DeviceInfo::default()
+        };
+        w.sync(&only(moved));
+        let spec = written(&w, "tty");
+        assert_eq!(spec["cdiVersion"], "0.5.0", "a host path of its own");
+        assert_eq!(
+            spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/dev/ttyUSB1"
+        );
+        let annotated = DeviceInfo {
+            annotations: BTreeMap::from([("example.com/port".to_string(), "a".to_string())]),
+            ..plain.clone()
+        };
+        w.sync(&only(annotated));
+        assert_eq!(written(&w, "tty")["cdiVersion"], "0.6.0");
+        w.sync(&only(plain));
+        assert_eq!(written(&w, "tty")["cdiVersion"], "0.3.0", "and back down");
+
+        // A leading digit, a dotted dev-type: each needs its version; every file passes the
+        // rules of the version it declares.
+        let mut tree = DeviceTree::default();
+        tree.0.insert("qat".into(), group(&["0000:3d:01.1"]));
+        tree.0.insert("i915.vf".into(), group(&["card0"]));
+        let served = w.sync(&tree);
+        assert_eq!(written(&w, "qat")["cdiVersion"], "0.5.0");
+        assert_eq!(written(&w, "i915.vf")["cdiVersion"], "0.6.0");
+        assert_eq!(
+            served.0["i915.vf"]["card0"].cdi_devices,
+            ["gpu.example.com/i915.vf=card0"]
+        );
+        for t in ["qat", "i915.vf"] {
+            schema::check(&written(&w, t)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_device_with_nothing_to_apply_gets_no_cdi_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path(), CdiFormat::Json);
+        let mut g = group(&["card0"]);
+        g.insert("queue".into(), DeviceInfo::default());
+        let tree = DeviceTree(BTreeMap::from([("i915".to_string(), g)]));
+        let served = w.sync(&tree);
+        assert!(served.0["i915"]["queue"].cdi_devices.is_empty());
+        assert_eq!(served.0["i915"]["card0"].cdi_devices.len(), 1);
+        let spec = written(&w, "i915");
+        assert_eq!(spec["devices"].as_array().unwrap().len(), 1);
+        schema::check(&spec).unwrap();
+        // Only such devices: no file at all.
+        let empty = DeviceTree(BTreeMap::from([(
+            "i915".to_string(),
+            DeviceGroup::from([("queue".to_string(), DeviceInfo::default())]),
+        )]));
+        w.sync(&empty);
+        assert!(!w.path("i915").exists());
     }
 
     #[test]

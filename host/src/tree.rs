@@ -447,29 +447,11 @@ pub(crate) fn is_env_name(s: &str) -> bool {
 }
 
 /// `vendor.example/class=name`, as the CDI spec qualifies device names.
-/// A fully qualified CDI device name, `vendor/class=name`, by the rules of the CDI library
-/// (container-device-interface `pkg/parser`): vendor and class start with a letter, the name with
-/// a letter or digit, all three end with a letter or digit; vendor may hold `-_.`, class `-_`,
-/// name `-_.:`.
+/// A fully qualified CDI device name, `vendor/class=name`, by the rules of the current CDI
+/// specification: vendor and class start with a letter, the name with a letter or digit, all
+/// three end with a letter or digit; vendor and class may hold `-_.`, name `-_.:`.
 pub(crate) fn is_cdi_name(s: &str) -> bool {
-    let Some((kind, name)) = s.split_once('=') else {
-        return false;
-    };
-    let Some((vendor, class)) = kind.split_once('/') else {
-        return false;
-    };
-    let ok = |p: &str, first: fn(&u8) -> bool, extra: &[u8]| match p.as_bytes() {
-        [] => false,
-        [head, .., tail] | [head @ tail] => {
-            first(head)
-                && tail.is_ascii_alphanumeric()
-                && p.bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c))
-        }
-    };
-    ok(vendor, u8::is_ascii_alphabetic, b"-_.")
-        && ok(class, u8::is_ascii_alphabetic, b"-_")
-        && ok(name, u8::is_ascii_alphanumeric, b"-_.:")
+    crate::cdi::version::is_qualified_name(s)
 }
 
 #[cfg(test)]

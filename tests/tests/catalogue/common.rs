@@ -23,6 +23,16 @@ pub fn scan_once(name: &str, f: &Fixture, env: &[&str]) -> Value {
 
 /// `wdp scan --once` of scanner `name` over `f` with `env`, for runs expected to fail.
 pub fn scan(name: &str, f: &Fixture, env: &[&str]) -> std::process::Output {
+    scan_allowing(name, f, env, &[])
+}
+
+/// [`scan`] with mounts below each of `allow` allowed (`--allow-mount`).
+pub fn scan_allowing(
+    name: &str,
+    f: &Fixture,
+    env: &[&str],
+    allow: &[&str],
+) -> std::process::Output {
     let component = guest(name).display().to_string();
     let (sys, dev) = (f.sys().display().to_string(), f.dev().display().to_string());
     // One compile cache for every catalogue test: each scanner is compiled once per build.
@@ -41,6 +51,9 @@ pub fn scan(name: &str, f: &Fixture, env: &[&str]) -> std::process::Output {
     ];
     for e in env {
         args.extend(["--env", e]);
+    }
+    for m in allow {
+        args.extend(["--allow-mount", m]);
     }
     wdp(&args)
 }

@@ -44,7 +44,7 @@ fn dlb_node(f: &Fixture, dir: &str, bdf: &str, n: u32) {
 }
 
 /// Two PFs without VFs.
-fn machine(f: &Fixture) {
+pub(crate) fn machine(f: &Fixture) {
     dlb(f, "0000:6d:00.0", PF_ID, 0, Some("0"));
     dlb(f, "0000:f5:00.0", PF_ID, 1, Some("0"));
 }

@@ -71,7 +71,7 @@ fn gpu(f: &Fixture, bdf: &str, vendor: &str, id: &str, driver: &str, n: u32) -> 
     dir
 }
 
-fn machine(f: &Fixture) {
+pub(crate) fn machine(f: &Fixture) {
     f.sys_file("class/drm/version", "drm 1.1.0 20060810\n");
     for (bdf, vendor, id, driver, n) in GPUS {
         let dir = gpu(f, bdf, vendor, id, driver, n);

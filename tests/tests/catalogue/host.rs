@@ -9,13 +9,13 @@ use wdp_tests::host::serve;
 
 use crate::common::{plugin_dir, scan_once, write_config};
 
-const DEVICES: &str = r#"[{"name":"gpu","groups":[{"paths":[{"path":"/dev/dri/card*"}]}]},{"name":"vfio","groups":[{"paths":[{"path":"/dev/vfio/1*"}]}]}]"#;
+pub(crate) const DEVICES: &str = r#"[{"name":"gpu","groups":[{"paths":[{"path":"/dev/dri/card*"}]}]},{"name":"vfio","groups":[{"paths":[{"path":"/dev/vfio/1*"}]}]}]"#;
 
 /// Three GPUs and a VFIO group on a two-node machine, linked as the kernel links them:
 /// `/sys/dev/char/MAJ:MIN` -> the device's directory below its PCI function, whose `numa_node`
 /// and `local_cpulist` give the affinity; `/dev/vfio/12` -> `devices/virtual/vfio/12`, whose
 /// IOMMU group holds a function on node 1.
-fn two_node_machine(f: &Fixture) {
+pub(crate) fn two_node_machine(f: &Fixture) {
     let gpus = [
         ("0000:00:02.0", "0", "0-3", 0),
         ("0000:00:03.0", "1", "4-7", 1),
@@ -94,7 +94,10 @@ async fn cdi_specs_follow_the_devices_and_allocate_names_them() {
         serde_json::from_slice(&std::fs::read(&spec_path).expect("spec file")).expect("JSON")
     };
     let s = spec();
-    assert_eq!(s["cdiVersion"], "0.6.0");
+    assert_eq!(
+        s["cdiVersion"], "0.3.0",
+        "nodes alone: the first CDI release"
+    );
     assert_eq!(s["kind"], "gpu.example.com/gpu");
     let names: Vec<&str> = s["devices"]
         .as_array()
@@ -105,7 +108,8 @@ async fn cdi_specs_follow_the_devices_and_allocate_names_them() {
     assert_eq!(names, ["dri_card0", "dri_card1", "dri_card2"]);
     assert_eq!(
         s["devices"][1]["containerEdits"]["deviceNodes"],
-        json!([{"path": "/dev/dri/card1", "hostPath": "/dev/dri/card1", "permissions": "rw"}])
+        json!([{"path": "/dev/dri/card1", "permissions": "rw"}]),
+        "a host path equal to the path is left out"
     );
     assert!(cdi_dir.join("wdp-gpu.example.com-vfio.json").is_file());
 

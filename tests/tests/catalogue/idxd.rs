@@ -44,7 +44,7 @@ fn dev_dir(dev: &str, bdf: &str) -> String {
     format!("devices/pci0000:{}/{bdf}/{dev}", &bdf[5..7])
 }
 
-fn machine(f: &Fixture) {
+pub(crate) fn machine(f: &Fixture) {
     for (dev, bdf, id) in [
         ("dsa0", "0000:6a:01.0", "0x0b25"),
         ("iax1", "0000:6a:02.0", "0x0cfe"),

@@ -4,6 +4,7 @@
 //! returns). Device ids and resource names are those of the upstream plugin each one replaces.
 
 mod common;
+mod every;
 mod host;
 
 mod dlb;

@@ -53,7 +53,7 @@ fn accel_node(f: &Fixture, dir: &str, bdf: &str, n: u32) {
     f.char_dev(&format!("accel/accel{n}"), ACCEL_MAJOR, n);
 }
 
-fn machine(f: &Fixture) {
+pub(crate) fn machine(f: &Fixture) {
     for (bdf, vendor, id, driver, n) in ACCELS {
         accel(f, bdf, vendor, id, driver, n);
     }

@@ -20,7 +20,7 @@ const RTX: &str = "0000:86:00.0";
 /// (`vfio-pci`); an NVSwitch bound to `nvidia` (not a GPU, no `/dev/nvidiaN`); the RTX's audio
 /// function; the Intel iGPU. Nodes as `nvidia-modprobe` makes them: `/dev/nvidiaN` 195:N,
 /// `nvidiactl` 195:255, `nvidia-modeset` 195:254, `nvidia-uvm*` on a dynamic major.
-fn server() -> Fixture {
+pub(crate) fn server() -> Fixture {
     let f = Fixture::new();
     let gpu = |bdf: &str, device: &str, class: &str, numa: &str, driver: &str| {
         f.pci_device(

@@ -9,9 +9,9 @@ use serde_json::{Value, json};
 use wdp::kubelet::api;
 use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::host::serve;
-use wdp_tests::{guest, json_lines, wdp};
+use wdp_tests::{guest, json_lines};
 
-use crate::common::{ids, one_scanner_config, plugin_dir, scan, scan_once, write_config};
+use crate::common::{self, ids, one_scanner_config, plugin_dir, scan, scan_once, write_config};
 
 /// The dynamic major the kernel gave "vfio" group nodes (`/proc/devices`).
 const VFIO_MAJOR: u32 = 243;
@@ -45,7 +45,7 @@ fn pf(f: &Fixture, pf: &str, pf_id: &str, pf_driver: &str, vf_id: &str, vfs: &[(
 /// Two 4xxx PFs: `0000:6b:00.0` up with `sym;asym` (type `cy`) and three VFs on vfio-pci;
 /// `0000:70:00.0` not up, `dc` only in debugfs `dev_cfg`, with one VF on vfio-pci and one
 /// still on the kernel's `4xxxvf`. Heartbeats read `0`.
-fn gen4(f: &Fixture) {
+pub(crate) fn gen4(f: &Fixture) {
     f.char_dev("vfio/vfio", 10, 196);
     pf(
         f,
@@ -97,24 +97,7 @@ fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
 
 /// `wdp scan --once` allowing mounts below `allow` (for igb_uio's `/sys/class/uio` mounts).
 fn scan_allowing(f: &Fixture, env: &[&str], allow: &str) -> Value {
-    let component = guest("qat").display().to_string();
-    let (sys, dev) = (f.sys().display().to_string(), f.dev().display().to_string());
-    let mut args = vec![
-        "scan",
-        "--component",
-        &component,
-        "--sys-root",
-        &sys,
-        "--dev-root",
-        &dev,
-        "--once",
-        "--allow-mount",
-        allow,
-    ];
-    for e in env {
-        args.extend(["--env", e]);
-    }
-    let out = wdp(&args);
+    let out = common::scan_allowing("qat", f, env, &[allow]);
     assert!(
         out.status.success(),
         "{}",

@@ -35,7 +35,7 @@ fn cp2102n_id() -> String {
 /// A bench: an FTDI adapter on ttyUSB0, a CP2102N on ttyUSB2, an Arduino on ttyACM0, each with
 /// udev's by-id and by-path links (relative, as udev makes them); an adapter on ttyUSB3 that udev
 /// has not named; the on-board UART ttyS0. Majors: ttyUSB 188, ttyACM 166, ttyS 4 (minor 64).
-fn bench() -> Fixture {
+pub(crate) fn bench() -> Fixture {
     let f = Fixture::new();
     f.char_dev("ttyUSB0", 188, 0)
         .char_dev("ttyUSB2", 188, 2)

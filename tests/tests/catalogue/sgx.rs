@@ -14,7 +14,7 @@ const MISC_MAJOR: u32 = 10;
 const ENCLAVE_MINOR: u32 = 125;
 const PROVISION_MINOR: u32 = 126;
 
-fn machine(f: &Fixture) {
+pub(crate) fn machine(f: &Fixture) {
     f.char_dev("sgx_enclave", MISC_MAJOR, ENCLAVE_MINOR)
         .char_dev("sgx_provision", MISC_MAJOR, PROVISION_MINOR);
     for (name, minor) in [

@@ -60,7 +60,7 @@ const FTDI_B: &str = "usb1/1-2/1-2.4";
 
 /// A workstation: two root hubs, a YubiKey without a serial in port 1, a hub in port 2 with two
 /// FTDI serial adapters (serials A12345 and A99999) behind it.
-fn workstation() -> Fixture {
+pub(crate) fn workstation() -> Fixture {
     let f = Fixture::new();
     plug(
         &f,

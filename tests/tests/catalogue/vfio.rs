@@ -22,7 +22,7 @@ const FUNCTIONS: [(&str, &str, &str, u32); 5] = [
     ("0000:74:01.0", "0x0b25", "vfio-pci", 63),
 ];
 
-fn machine(f: &Fixture) {
+pub(crate) fn machine(f: &Fixture) {
     f.char_dev("vfio/vfio", 10, 196);
     for (bdf, id, driver, group) in FUNCTIONS {
         f.pci_device(

@@ -3,6 +3,9 @@
 //!
 //! Env `TREE`: `{"<dev-type>": {"<id>": {"health": "Unhealthy", "nodes": ["/dev/x"],
 //! "envs": {"K": "V"}, "numa": [0]}}}`; every key of a device is optional (healthy, no nodes).
+//! A node is a path (the same in the container, `rw`) or `{"host": "/dev/x", "container":
+//! "/dev/y", "permissions": "r"}`; `"mounts": [{"host": "/a", "container": "/b", "read-only":
+//! true}]` adds mounts.
 //! It notifies that tree once, then waits for the host to stop it.
 
 use wdp_guest::json::{self, Value};
@@ -41,8 +44,25 @@ fn device(spec: &Value) -> Result<DeviceInfo, String> {
         .and_then(Value::as_array)
         .unwrap_or_default()
     {
-        let path = node.as_str().ok_or("nodes: expected strings")?;
-        info = info.node(path, path, "rw");
+        info = match node.as_str() {
+            Some(path) => info.node(path, path, "rw"),
+            None => {
+                let host = field(node, "host", "nodes")?;
+                let container = node.get("container").and_then(Value::as_str);
+                let permissions = node.get("permissions").and_then(Value::as_str);
+                info.node(host, container.unwrap_or(host), permissions.unwrap_or("rw"))
+            }
+        };
+    }
+    for mount in spec
+        .get("mounts")
+        .and_then(Value::as_array)
+        .unwrap_or_default()
+    {
+        let host = field(mount, "host", "mounts")?;
+        let container = field(mount, "container", "mounts")?;
+        let read_only = mount.get("read-only").and_then(Value::as_bool);
+        info = info.mount(host, container, read_only.unwrap_or(true));
     }
     for (k, v) in spec
         .get("envs")
@@ -59,6 +79,14 @@ fn device(spec: &Value) -> Result<DeviceInfo, String> {
         info = info.numa_nodes(ids.ok_or("numa: expected small integers")?);
     }
     Ok(info)
+}
+
+/// The string `key` of `value`, an entry of the list `list`.
+fn field<'a>(value: &'a Value, key: &str, list: &str) -> Result<&'a str, String> {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("{list}: expected a path or an object with a string {key:?}"))
 }
 
 struct Static;
@@ -88,5 +116,14 @@ mod tests {
         assert_eq!(t[0].dev_type, "qat");
         assert_eq!(t[0].devices.len(), 2);
         assert!(parse_tree("[]").is_err());
+        let t = parse_tree(
+            r#"{"p": {"a": {"nodes": [{"host": "/dev/x", "container": "/dev/y", "permissions": "r"}], "mounts": [{"host": "/a", "container": "/b"}]}}}"#,
+        )
+        .unwrap();
+        let info = &t[0].devices[0].info;
+        assert_eq!(info.nodes[0].container_path, "/dev/y");
+        assert_eq!(info.nodes[0].permissions, "r");
+        assert!(info.mounts[0].read_only);
+        assert!(parse_tree(r#"{"p": {"a": {"nodes": [{"container": "/dev/y"}]}}}"#).is_err());
     }
 }
