@@ -396,7 +396,13 @@ fn gpu_machine(f: &Fixture) {
 fn gpu_snapshot_keeps_the_sysfs_links_and_numa_through_the_round_trip() {
     let f = Fixture::new();
     gpu_machine(&f);
-    let allow = ["--allow-mount", "/dev/dri/by-path"];
+    // By-path mounts on, so the scanner reads /dev/dri/by-path.
+    let allow = [
+        "--allow-mount",
+        "/dev/dri/by-path",
+        "--env",
+        "BYPATH=single",
+    ];
     let machine_tree = scan_once("gpu", &f, &allow);
     assert_eq!(
         machine_tree["i915"]["card0-0"]["numa_nodes"],

@@ -18,14 +18,16 @@
 //! by-path mounts below; no envs or annotations. Allocate returns those nodes and mounts.
 //!
 //! By-path mounts (`BYPATH`), from `/dev/dri/by-path` (listed through devfs):
-//! * `single` (default): every entry named `pci-<BDF>*`, mounted read-only at the same path, where
-//!   BDF is the PCI address of the card: the parent directory of `drm/card<N>` in the resolved
+//! * `single`: every entry named `pci-<BDF>*`, mounted read-only at the same path, where BDF is
+//!   the PCI address of the card: the parent directory of `drm/card<N>` in the resolved
 //!   `/sys/class/drm/card<N>` (it must be a full PCI address, else no mounts);
 //! * `all`: `/dev/dri/by-path` itself, read-only;
-//! * `none`: no mounts.
+//! * `none` (default): no mounts.
 //!
-//! The host refuses mounts not allowed by the scanner's policy: serve this scanner with
-//! `policy: { allowed-mounts: [/dev/dri/by-path] }` (or `BYPATH=none`).
+//! The host refuses mounts the scanner's policy does not allow, and its default policy allows
+//! none: so by-path mounts are off unless asked for, and `single` or `all` need
+//! `policy: { allowed-mounts: [/dev/dri/by-path] }` too (without it every tree is refused, and
+//! the log and `/readyz` say which mount to allow).
 //!
 //! Monitoring (`ENABLE_MONITORING=true`): one more device, id `all`, holding the nodes of every
 //! advertised GPU plus their MEI nodes (`/dev/<x>` for each `device/*.mei-*/mei/<x>`), for
@@ -41,13 +43,15 @@
 //! * `SHARED_DEV_NUM` (default 1, 1 ..= 10000) [`-shared-dev-num`];
 //! * `ALLOW_IDS`, `DENY_IDS` (default unset; at most one of them): comma-separated PCI device ids
 //!   such as `0x56a0,0x56a1` [`-allow-ids`, `-deny-ids`];
-//! * `BYPATH` (`single` (default), `all`, `none`) [`-bypath`];
+//! * `BYPATH` (`single`, `all`, `none` (default)) [`-bypath`];
 //! * `ENABLE_MONITORING` (`true`/`false`, default false) [`-enable-monitoring`];
 //! * `MONITORING_MODE` (`single` (default), `split`) [`-monitoring-mode`];
 //! * `RESCAN_INTERVAL_MS` (default 30000): longest wait between scans (upstream: every 5 s; here
 //!   a change under /dev or /sys wakes the scanner at once).
 //!
 //! Deliberate differences from upstream:
+//! * `BYPATH` defaults to `none` (upstream: `single`): a default the host's default policy
+//!   accepts. Set `BYPATH=single` and allow `/dev/dri/by-path` for upstream's mounts.
 //! * Not offered: `-allocation-policy` (GetPreferredAllocation: kubelet then picks among the
 //!   free devices itself, so with `SHARED_DEV_NUM` > 1 a multi-GPU request may get two shares of
 //!   one GPU where upstream's policies prefer distinct GPUs; a separate preferred-allocator

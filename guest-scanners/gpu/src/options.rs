@@ -77,12 +77,14 @@ pub struct Options {
 }
 
 impl Default for Options {
-    /// Upstream's defaults.
+    /// Upstream's defaults, but for by-path mounts: off, because the host's default policy allows
+    /// no mount and would refuse every tree holding one (`BYPATH=single` with
+    /// `policy.allowed-mounts: [/dev/dri/by-path]` gives upstream's behaviour).
     fn default() -> Self {
         Options {
             shared_dev_num: 1,
             filter: IdFilter::All,
-            bypath: Bypath::Single,
+            bypath: Bypath::None,
             monitoring: None,
         }
     }
@@ -158,12 +160,12 @@ pub fn parse(env: impl Fn(&str) -> Option<String>) -> Result<Options, String> {
     let bypath = match config::parse_choice(
         BYPATH_ENV,
         env(BYPATH_ENV).as_deref(),
-        "single",
+        "none",
         &["single", "all", "none"],
     )? {
         "all" => Bypath::All,
-        "none" => Bypath::None,
-        _ => Bypath::Single,
+        "single" => Bypath::Single,
+        _ => Bypath::None,
     };
     // Validated even when monitoring is off, as upstream does.
     let mode = match config::parse_choice(
@@ -202,8 +204,13 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_upstreams() {
+    fn defaults_are_upstreams_but_by_path() {
         assert_eq!(parse_with(&[]), Ok(Options::default()));
+        assert_eq!(Options::default().bypath, Bypath::None);
+        assert_eq!(
+            parse_with(&[("BYPATH", "single")]).unwrap().bypath,
+            Bypath::Single
+        );
         let o = parse_with(&[
             ("SHARED_DEV_NUM", "3"),
             ("DENY_IDS", "0x56a0, 0x56a1"),

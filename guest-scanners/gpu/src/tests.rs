@@ -172,7 +172,16 @@ fn names() {
 
 #[test]
 fn one_type_per_driver_with_nodes_and_bypath_mounts() {
-    let t = tree(&machine(), &Options::default());
+    let defaults = tree(&machine(), &Options::default());
+    assert!(
+        info(&defaults, "i915", "card0-0").mounts.is_empty(),
+        "no mounts by default"
+    );
+    let single = Options {
+        bypath: Bypath::Single,
+        ..Options::default()
+    };
+    let t = tree(&machine(), &single);
     assert_eq!(ids(&t), ["i915/card0-0", "xe/card1-0"]);
     let card0 = info(&t, "i915", "card0-0");
     assert_eq!(
@@ -255,7 +264,7 @@ fn bypath_modes() {
     let t = tree(&m, &with(Bypath::None));
     assert!(info(&t, "xe", "card1-0").mounts.is_empty());
     m.cards[1].1.bdf = None;
-    let t = tree(&m, &Options::default());
+    let t = tree(&m, &with(Bypath::Single));
     assert!(
         info(&t, "xe", "card1-0").mounts.is_empty(),
         "no PCI address"

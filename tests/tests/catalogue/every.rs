@@ -1,8 +1,9 @@
-//! Every bundled scanner at once, each over its catalogue fixture: the CDI specs the host writes
-//! for what they report load under the rules of the version they declare, and that version is
-//! the lowest their content needs.
+//! Every bundled scanner at once, each over its catalogue fixture: with only its required options
+//! it gives a tree the host's default policy accepts; the example entries of `deploy/` and the
+//! README parse and serve as written; and the CDI specs the host writes for what they report
+//! load under the rules of the version they declare, the lowest their content needs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use wdp::cdi::{schema, version};
@@ -15,33 +16,33 @@ use crate::common::{plugin_dir, scan_allowing, write_config};
 /// One way to start a bundled scanner: its options and allowed mounts, over a fixture.
 pub(crate) struct Case {
     /// The component (`guest-scanners/<scanner>`), also the scanner's name.
-    pub scanner: &'static str,
-    pub namespace: &'static str,
+    pub scanner: String,
+    pub namespace: String,
     /// The scanner's env.
-    pub env: Vec<(&'static str, String)>,
+    pub env: Vec<(String, String)>,
     /// `policy.allowed-mounts`.
-    pub allowed_mounts: Vec<&'static str>,
+    pub allowed_mounts: Vec<String>,
     pub fixture: fn() -> Fixture,
 }
 
 impl Case {
-    fn new(scanner: &'static str, namespace: &'static str, fixture: fn() -> Fixture) -> Case {
+    fn new(scanner: &str, namespace: &str, fixture: fn() -> Fixture) -> Case {
         Case {
-            scanner,
-            namespace,
+            scanner: scanner.into(),
+            namespace: namespace.into(),
             env: Vec::new(),
             allowed_mounts: Vec::new(),
             fixture,
         }
     }
 
-    fn env(mut self, key: &'static str, value: &str) -> Case {
-        self.env.push((key, value.to_string()));
+    fn env(mut self, key: &str, value: &str) -> Case {
+        self.env.push((key.into(), value.into()));
         self
     }
 
-    fn allow(mut self, path: &'static str) -> Case {
-        self.allowed_mounts.push(path);
+    fn allow(mut self, path: &str) -> Case {
+        self.allowed_mounts.push(path.into());
         self
     }
 
@@ -56,7 +57,8 @@ impl Case {
     pub fn scan(&self, f: &Fixture) -> Result<Value, String> {
         let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let env: Vec<&str> = env.iter().map(String::as_str).collect();
-        let out = scan_allowing(self.scanner, f, &env, &self.allowed_mounts);
+        let allow: Vec<&str> = self.allowed_mounts.iter().map(String::as_str).collect();
+        let out = scan_allowing(&self.scanner, f, &env, &allow);
         if !out.status.success() {
             return Err(String::from_utf8_lossy(&out.stderr).into_owned());
         }
@@ -68,12 +70,12 @@ impl Case {
         let mut env: serde_json::Map<String, Value> = self
             .env
             .iter()
-            .map(|(k, v)| (k.to_string(), Value::from(v.as_str())))
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
             .collect();
         env.insert("RESCAN_INTERVAL_MS".into(), "600000".into());
         let mut entry = json!({
             "name": self.scanner,
-            "component": guest(self.scanner),
+            "component": guest(&self.scanner),
             "namespace": self.namespace,
             "env": env,
         });
@@ -143,7 +145,7 @@ fn qat_igb_uio() -> Fixture {
 /// Every bundled scanner with only the options it requires.
 pub(crate) fn defaults() -> Vec<Case> {
     vec![
-        Case::new("gpu", "gpu.intel.com", gpus).allow("/dev/dri/by-path"),
+        Case::new("gpu", "gpu.intel.com", gpus),
         Case::new("npu", "npu.intel.com", npus),
         Case::new("sgx", "sgx.intel.com", sgx),
         Case::new("dlb", "dlb.intel.com", dlbs),
@@ -205,7 +207,7 @@ fn specs(dir: &Path) -> Vec<(String, Value)> {
 async fn every_cdi_spec_of_the_catalogue_loads_as_the_lowest_version_it_needs() {
     // (spec file, version) for each case, in order: what each family's content needs.
     let want: Vec<Vec<(&str, &str)>> = vec![
-        vec![("i915", "0.4.0"), ("xe", "0.4.0")],
+        vec![("i915", "0.3.0"), ("xe", "0.3.0")],
         vec![("accel", "0.3.0")],
         vec![("enclave", "0.3.0"), ("provision", "0.3.0")],
         // Ids that are node paths (`/dev/dlb0`) are no CDI names: no spec.
@@ -237,29 +239,12 @@ async fn every_cdi_spec_of_the_catalogue_loads_as_the_lowest_version_it_needs() 
     assert_eq!(cases.len(), want.len());
     for (i, (case, want)) in cases.iter().zip(want).enumerate() {
         let f = (case.fixture)();
-        let tree = case
-            .scan(&f)
-            .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
-        let types: Vec<&String> = tree.as_object().unwrap().keys().collect();
-        assert!(!types.is_empty(), "{}: an empty tree", case.label());
         let cdi_dir = f.path().join("cdi");
         let format = if i % 2 == 0 { "json" } else { "yaml" };
         let entry = case.config_entry(json!({"cdi": {"dir": cdi_dir, "format": format}}));
-        let config = write_config(
-            &f,
-            &serde_yaml_ng::to_string(&json!({"scanners": [entry]})).unwrap(),
-        );
-        let plugins = plugin_dir(&f);
-        let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
-        let resources: Vec<String> = types
-            .iter()
-            .map(|t| format!("{}/{t}", case.namespace))
-            .collect();
-        let resources: Vec<&str> = resources.iter().map(String::as_str).collect();
-        seen.all_listed(&resources).await;
-
+        let written = serve_until_listed(case, &f, &entry).await;
         let mut got = Vec::new();
-        for (file, doc) in specs(&cdi_dir) {
+        for (file, doc) in written {
             let declared = schema::check(&doc).unwrap_or_else(|e| panic!("{file}: {e}"));
             assert_eq!(
                 declared,
@@ -274,8 +259,303 @@ async fn every_cdi_spec_of_the_catalogue_loads_as_the_lowest_version_it_needs() 
             got.push((dev_type, declared.as_str()));
         }
         let want: Vec<(String, &str)> = want.iter().map(|(t, v)| (t.to_string(), *v)).collect();
-        assert_eq!(got, want, "{}: {tree}", case.label());
-        assert!(host.terminate().await.success());
-        kubelet.stop().await;
+        assert_eq!(got, want, "{}", case.label());
+    }
+}
+
+/// Scans `case` over `f` (the tree must be accepted and non-empty), then runs `wdp run` with the
+/// one scanner `entry` over `f` until every resource of that tree is listed to the kubelet
+/// stand-in, and stops it cleanly; returns the CDI specs in `<f>/cdi` while it served.
+async fn serve_until_listed(case: &Case, f: &Fixture, entry: &Value) -> Vec<(String, Value)> {
+    let tree = case
+        .scan(f)
+        .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
+    let types: Vec<&String> = tree.as_object().unwrap().keys().collect();
+    assert!(!types.is_empty(), "{}: an empty tree", case.label());
+    let config = write_config(
+        f,
+        &serde_yaml_ng::to_string(&json!({"scanners": [entry]})).unwrap(),
+    );
+    let plugins = plugin_dir(f);
+    let (kubelet, mut seen, host) = serve(f, &config, &plugins);
+    let resources: Vec<String> = types
+        .iter()
+        .map(|t| format!("{}/{t}", case.namespace))
+        .collect();
+    let resources: Vec<&str> = resources.iter().map(String::as_str).collect();
+    seen.all_listed(&resources).await;
+    let written = specs(&f.path().join("cdi"));
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+    written
+}
+
+#[test]
+fn every_scanner_with_only_its_required_options_passes_the_default_policy() {
+    let examples: Vec<Example> = served_entries()
+        .into_iter()
+        .chain(examples_of_configmap())
+        .collect();
+    for case in defaults() {
+        let f = (case.fixture)();
+        let tree = case
+            .scan(&f)
+            .unwrap_or_else(|e| panic!("{} under the default policy: {e}", case.label()));
+        assert!(non_empty(&tree), "{}: an empty tree", case.label());
+        // Again with the policy its example entry recommends.
+        let example = examples
+            .iter()
+            .find(|e| e.component() == case.scanner)
+            .unwrap_or_else(|| panic!("no example entry for {}", case.scanner));
+        let recommended = Case {
+            allowed_mounts: example.allowed_mounts(),
+            ..case
+        };
+        let tree = recommended.scan(&f).unwrap_or_else(|e| {
+            panic!(
+                "{} with {:?}: {e}",
+                recommended.label(),
+                recommended.allowed_mounts
+            )
+        });
+        assert!(non_empty(&tree), "{}: an empty tree", recommended.label());
+    }
+}
+
+fn non_empty(tree: &Value) -> bool {
+    tree.as_object().is_some_and(|types| {
+        types
+            .values()
+            .any(|d| d.as_object().is_some_and(|d| !d.is_empty()))
+    })
+}
+
+/// Where the in-image components live (`deploy/`, Containerfile).
+const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
+
+/// One scanner entry of a config, as YAML.
+struct Example {
+    /// The entry parsed.
+    entry: serde_yaml_ng::Value,
+}
+
+impl Example {
+    /// The entry's YAML text (a `- name: ...` list item).
+    fn parse(text: &str) -> Example {
+        let mut list: Vec<serde_yaml_ng::Value> =
+            serde_yaml_ng::from_str(text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+        assert_eq!(list.len(), 1, "one entry:\n{text}");
+        Example {
+            entry: list.remove(0),
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.entry["name"].as_str().expect("a name")
+    }
+
+    /// The in-image component's scanner name (`/usr/lib/wdp/scanners/<it>.wasm`).
+    fn component(&self) -> String {
+        in_image(self.entry["component"].as_str().expect("a component"))
+    }
+
+    fn allowed_mounts(&self) -> Vec<String> {
+        self.entry["policy"]["allowed-mounts"]
+            .as_sequence()
+            .map(|l| {
+                l.iter()
+                    .filter_map(|p| p.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The entry as it runs here: built components, and `cdi.dir` in `cdi_dir` (never the
+    /// machine's own).
+    fn runnable(&self, cdi_dir: &Path) -> serde_yaml_ng::Value {
+        let mut entry = self.entry.clone();
+        let map = entry.as_mapping_mut().expect("an entry is a map");
+        for key in ["component", "post-allocator"] {
+            if let Some(v) = map.get_mut(key) {
+                let built = guest(&in_image(v.as_str().expect("a path")));
+                *v = built.display().to_string().into();
+            }
+        }
+        if let Some(cdi) = map.get_mut("cdi").and_then(|c| c.as_mapping_mut()) {
+            cdi.insert("dir".into(), cdi_dir.display().to_string().into());
+        }
+        entry
+    }
+}
+
+/// `X` of `/usr/lib/wdp/scanners/X.wasm`.
+fn in_image(path: &str) -> String {
+    path.strip_prefix(IMAGE_SCANNERS)
+        .and_then(|n| n.strip_suffix(".wasm"))
+        .unwrap_or_else(|| panic!("{path:?} is not in {IMAGE_SCANNERS}"))
+        .to_string()
+}
+
+fn repo_file(rel: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The ConfigMap's `wdp.yaml`.
+fn configmap_config() -> String {
+    let cm: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&repo_file("deploy/configmap.yaml")).unwrap();
+    cm["data"]["wdp.yaml"]
+        .as_str()
+        .expect("data.wdp.yaml")
+        .to_string()
+}
+
+/// The commented entries of `text`: each `# - name:` line and the `#   ` lines after it at the
+/// same indentation, uncommented.
+fn commented_entries(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut indent: Option<usize> = None;
+    for line in text.lines() {
+        let at = line.len() - line.trim_start().len();
+        let body = line.trim_start();
+        if body.starts_with("# - name:") {
+            indent = Some(at);
+            out.push(format!("{}\n", &body[2..]));
+        } else if let (Some(i), true) = (indent, body.starts_with("#   ")) {
+            if at == i {
+                out.last_mut()
+                    .unwrap()
+                    .push_str(&format!("{}\n", &body[2..]));
+                continue;
+            }
+            indent = None;
+        } else {
+            indent = None;
+        }
+    }
+    out
+}
+
+/// The entries the ConfigMap serves.
+fn served_entries() -> Vec<Example> {
+    let served: serde_yaml_ng::Value = serde_yaml_ng::from_str(&configmap_config()).unwrap();
+    served["scanners"]
+        .as_sequence()
+        .expect("scanners")
+        .iter()
+        .map(|e| Example { entry: e.clone() })
+        .collect()
+}
+
+/// The ConfigMap's commented entries.
+fn examples_of_configmap() -> Vec<Example> {
+    commented_entries(&configmap_config())
+        .iter()
+        .map(|t| Example::parse(t))
+        .collect()
+}
+
+/// The README's example block, between its markers.
+fn readme_examples() -> Vec<Example> {
+    let readme = repo_file("README.md");
+    let (_, rest) = readme
+        .split_once("<!-- catalogue-examples:begin -->")
+        .expect("the README's catalogue-examples block");
+    let (block, _) = rest.split_once("<!-- catalogue-examples:end -->").unwrap();
+    commented_entries(block)
+        .iter()
+        .map(|t| Example::parse(t))
+        .collect()
+}
+
+/// The fixture an in-image scanner's example runs over.
+fn fixture_of(scanner: &str) -> fn() -> Fixture {
+    match scanner {
+        // The served `generic` entry picks serial adapters.
+        "generic" => crate::serial::bench,
+        other => {
+            defaults()
+                .into_iter()
+                .find(|c| c.scanner == other)
+                .unwrap_or_else(|| panic!("{other} is no bundled scanner"))
+                .fixture
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_entries_parse_and_serve_as_written() {
+    let commented = examples_of_configmap();
+    let readme: Vec<String> = readme_examples()
+        .iter()
+        .map(|e| format!("{:?}", e.entry))
+        .collect();
+    let configmap: Vec<String> = commented.iter().map(|e| format!("{:?}", e.entry)).collect();
+    assert_eq!(
+        readme, configmap,
+        "the README's examples are the ConfigMap's"
+    );
+
+    // Every bundled scanner has an entry: served, or commented.
+    let served = served_entries();
+    let mut scanners: Vec<String> = served
+        .iter()
+        .chain(&commented)
+        .map(Example::component)
+        .collect();
+    scanners.sort();
+    scanners.dedup();
+    let mut bundled: Vec<String> = defaults().into_iter().map(|c| c.scanner).collect();
+    bundled.sort();
+    assert_eq!(scanners, bundled, "an entry for every bundled scanner");
+
+    // All uncommented at once: one valid config (names and resources apart).
+    let dir = tempfile::tempdir().unwrap();
+    let all: Vec<serde_yaml_ng::Value> = served
+        .iter()
+        .chain(&commented)
+        .map(|e| e.runnable(&dir.path().join("cdi")))
+        .collect();
+    let path = dir.path().join("wdp.yaml");
+    std::fs::write(
+        &path,
+        serde_yaml_ng::to_string(&json!({"scanners": all})).unwrap(),
+    )
+    .unwrap();
+    let config = wdp::config::load(&path).unwrap_or_else(|e| panic!("every example at once: {e}"));
+    assert_eq!(config.scanners.len(), served.len() + commented.len());
+
+    // Each as written, over its scanner's fixture.
+    for example in served.iter().chain(&commented) {
+        let scanner = example.component();
+        let f = fixture_of(&scanner)();
+        let entry: Value = serde_json::to_value(example.runnable(&f.path().join("cdi"))).unwrap();
+        let case = Case {
+            scanner: scanner.clone(),
+            namespace: entry["namespace"].as_str().unwrap().into(),
+            env: entry["env"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.as_str()
+                            .map(String::from)
+                            .unwrap_or_else(|| v.to_string()),
+                    )
+                })
+                .collect(),
+            allowed_mounts: example.allowed_mounts(),
+            fixture: fixture_of(&scanner),
+        };
+        println!("example {}: {}", example.name(), case.label());
+        let written = serve_until_listed(&case, &f, &entry).await;
+        for (file, doc) in written {
+            schema::check(&doc).unwrap_or_else(|e| panic!("{}: {file}: {e}", example.name()));
+        }
     }
 }

@@ -160,7 +160,10 @@ fn host_paths(list: &Value) -> Vec<String> {
 fn intel_gpus_are_served_per_driver_with_their_nodes_and_bypath_links() {
     let f = Fixture::new();
     machine(&f);
-    let tree = scan_ok(&f, &[]);
+    // By default no by-path mounts: the host's default policy allows none.
+    let defaults = scan_ok(&f, &[]);
+    assert_eq!(defaults["i915"]["card0-0"]["mounts"], json!([]));
+    let tree = scan_ok(&f, &["BYPATH=single"]);
     // The AMD GPU is not Intel's; controlD64 is never given; one device per GPU by default.
     assert_eq!(
         ids(&tree),
@@ -291,7 +294,7 @@ fn a_pf_with_vfs_gives_way_to_its_vfs() {
     for (bdf, n) in [("0000:00:02.1", 3), ("0000:00:02.2", 4)] {
         gpu(&f, bdf, "0x8086", "0xa7a0", "i915", n);
     }
-    let tree = scan_ok(&f, &[]);
+    let tree = scan_ok(&f, &["BYPATH=single"]);
     assert_eq!(
         ids(&tree),
         ids_of(&[("i915", &["card3-0", "card4-0"]), ("xe", &["card1-0"])])
@@ -320,7 +323,7 @@ fn config(f: &Fixture, env: &str) -> std::path::PathBuf {
 async fn allocate_gives_the_gpu_nodes_and_its_bypath_links() {
     let f = Fixture::new();
     machine(&f);
-    let config = config(&f, ", SHARED_DEV_NUM: 2");
+    let config = config(&f, ", BYPATH: single, SHARED_DEV_NUM: 2");
     let plugins = plugin_dir(&f);
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("gpu.intel.com/i915", &["card0-0", "card0-1"])
