@@ -320,6 +320,22 @@ fn every_scanner_with_only_its_required_options_passes_the_default_policy() {
         });
         assert!(non_empty(&tree), "{}: an empty tree", recommended.label());
     }
+    // An example whose options add mounts, without its policy line: refused, and the refusal
+    // names the mount and the line to add.
+    for example in examples.iter().filter(|e| !e.allowed_mounts().is_empty()) {
+        let bare = Case {
+            allowed_mounts: Vec::new(),
+            ..example.case()
+        };
+        let f = (bare.fixture)();
+        let why = bare.scan(&f).expect_err("refused without its policy");
+        let root = &example.allowed_mounts()[0];
+        assert!(
+            why.contains("allowed-mounts") && why.contains(root.as_str()),
+            "{}: {why}",
+            bare.label()
+        );
+    }
 }
 
 fn non_empty(tree: &Value) -> bool {
@@ -368,6 +384,33 @@ impl Example {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The entry's scanner, options and policy over its scanner's fixture.
+    fn case(&self) -> Case {
+        let scanner = self.component();
+        let env = serde_json::to_value(&self.entry["env"]).unwrap();
+        Case {
+            namespace: self.entry["namespace"]
+                .as_str()
+                .expect("a namespace")
+                .into(),
+            env: env
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| {
+                    let text = v
+                        .as_str()
+                        .map(String::from)
+                        .unwrap_or_else(|| v.to_string());
+                    (k.clone(), text)
+                })
+                .collect(),
+            allowed_mounts: self.allowed_mounts(),
+            fixture: fixture_of(&scanner),
+            scanner,
+        }
     }
 
     /// The entry as it runs here: built components, and `cdi.dir` in `cdi_dir` (never the
@@ -533,25 +576,7 @@ async fn the_example_entries_parse_and_serve_as_written() {
         let scanner = example.component();
         let f = fixture_of(&scanner)();
         let entry: Value = serde_json::to_value(example.runnable(&f.path().join("cdi"))).unwrap();
-        let case = Case {
-            scanner: scanner.clone(),
-            namespace: entry["namespace"].as_str().unwrap().into(),
-            env: entry["env"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        v.as_str()
-                            .map(String::from)
-                            .unwrap_or_else(|| v.to_string()),
-                    )
-                })
-                .collect(),
-            allowed_mounts: example.allowed_mounts(),
-            fixture: fixture_of(&scanner),
-        };
+        let case = example.case();
         println!("example {}: {}", example.name(), case.label());
         let written = serve_until_listed(&case, &f, &entry).await;
         for (file, doc) in written {
