@@ -8,6 +8,7 @@ pub mod allocate;
 pub mod cdi;
 pub mod cli;
 pub mod config;
+pub mod contract;
 pub mod fleet;
 #[cfg(test)]
 mod fuzz;
