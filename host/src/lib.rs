@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod oci;
 pub mod policy;
 pub mod sandbox;
+pub mod scaffold;
 pub mod scanner;
 pub mod server;
 pub mod snapshot;
