@@ -224,6 +224,30 @@ async fn author(lang: &str, prepare: impl FnOnce(&Path), component: &str, unheal
         "{}",
         String::from_utf8_lossy(&scan.stderr)
     );
+    // And a tree that differs is a failure naming the difference.
+    let mut other = tree.clone();
+    other["acme"]["acme2"]["health"] = if unhealthy == "acme2" {
+        "Healthy".into()
+    } else {
+        "Unhealthy".into()
+    };
+    let other_file = f.path().join("other.json");
+    std::fs::write(&other_file, other.to_string()).unwrap();
+    let differs = scan_over(
+        &project,
+        &component.display().to_string(),
+        &f,
+        &[
+            "--expect",
+            &other_file.display().to_string(),
+            "--compile-cache",
+            &f.path().join("compiled").display().to_string(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&differs.stderr);
+    assert!(!differs.status.success(), "{err}");
+    assert!(err.contains("(1 difference(s)"), "{err}");
+    assert!(err.contains("/acme/acme2/health: recorded"), "{err}");
 
     // The dry-run on this machine (no such devices: an empty type) and the push.
     let table = sh(&project, &dry_run, env);
@@ -432,6 +456,55 @@ fn another_contract_version_is_refused_at_load() {
         accepted.status.success(),
         "{}",
         String::from_utf8_lossy(&accepted.stderr)
+    );
+}
+
+/// `wdp new` refuses before writing anything: missing tools (each with how to install it), a name
+/// that is not one, a directory that is not empty.
+#[test]
+fn wdp_new_says_what_is_missing() {
+    let work = tempfile::tempdir().unwrap();
+    let project = work.path().join("acme");
+    let dir = project.display().to_string();
+    let out = Command::new(wdp_bin())
+        .args(["new", &dir, "--lang", "c"])
+        .env("PATH", work.path())
+        .output()
+        .expect("run wdp");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for line in [
+        "a c scanner's build needs tools that are not on PATH:",
+        "  clang: apt-get install clang lld wasi-libc libclang-rt-dev-wasm32 (Debian 12)",
+        "  wit-bindgen: cargo install --locked wit-bindgen-cli@0.63.0",
+        "  wasm-tools: cargo install --locked wasm-tools@1.263.0",
+    ] {
+        assert!(err.contains(line), "{line:?} not in {err}");
+    }
+    assert!(!project.exists(), "nothing is written");
+
+    let out = wdp_in(
+        work.path(),
+        &["new", &dir, "--lang", "c", "--name", "Acme_1"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"Acme_1\" is not a valid scanner name")
+            && err.contains("give one with --name"),
+        "{err}"
+    );
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("notes.txt"), "mine").unwrap();
+    let out = wdp_in(work.path(), &["new", &dir, "--lang", "c"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not empty: give a new or empty directory"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&project).unwrap().count(),
+        1,
+        "nothing is written"
     );
 }
 

@@ -219,6 +219,10 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("error: scanner {name} failed: {error}");
                 return Ok(ExitCode::FAILURE);
             }
+            Some(ScannerEvent::Finished) | None if expected.is_some() => {
+                eprintln!("error: scanner {name} finished without reporting a tree");
+                return Ok(ExitCode::FAILURE);
+            }
             Some(ScannerEvent::Finished) | None => return Ok(ExitCode::SUCCESS),
         }
     }

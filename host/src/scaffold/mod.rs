@@ -172,14 +172,12 @@ pub fn files(options: &Options) -> Result<Vec<(PathBuf, Vec<u8>)>, ScaffoldError
                 "gitignore" => ".gitignore",
                 other => other,
             };
-            let text = std::str::from_utf8(bytes).map_err(|e| ScaffoldError::Template {
-                path: path.to_string(),
-                error: render::RenderError::Unknown(e.to_string()),
-            })?;
             let template_error = |error| ScaffoldError::Template {
                 path: path.to_string(),
                 error,
             };
+            let text = std::str::from_utf8(bytes)
+                .map_err(|_| template_error(render::RenderError::NotText))?;
             let rel = render::render(rel, &vars, &flags).map_err(template_error)?;
             let contents = render::render(text, &vars, &flags).map_err(template_error)?;
             out.retain(|(p, _)| *p != Path::new(&rel));

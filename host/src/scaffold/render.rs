@@ -15,6 +15,8 @@ pub enum RenderError {
     Unknown(String),
     #[error("a {{{{ without its }}}}")]
     Unterminated,
+    #[error("not UTF-8 text")]
+    NotText,
 }
 
 /// Renders `template` with `vars` (name, value) and the set `flags`.
