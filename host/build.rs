@@ -69,7 +69,7 @@ fn main() {
             rel == "Cargo.toml"
                 || rel == "README.md"
                 || (rel.starts_with("src/") && rel.ends_with(".rs"))
-                || (rel.starts_with("wit/") && rel.ends_with(".wit"))
+                || (rel.starts_with("contract/") && rel.ends_with(".wit"))
         }),
     );
     for (name, doc, file) in [

@@ -513,11 +513,11 @@ fn wdp_new_says_what_is_missing() {
 fn the_sdk_carries_the_contract_unchanged() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let contract = std::fs::read(root.join("wit/device-plugin.wit")).unwrap();
-    let copy = std::fs::read(root.join("guest-scanners/sdk/wit/device-plugin.wit")).unwrap();
+    let copy = std::fs::read(root.join("guest-scanners/sdk/contract/device-plugin.wit")).unwrap();
     assert!(
         contract == copy,
-        "guest-scanners/sdk/wit/device-plugin.wit differs from wit/device-plugin.wit, the contract: \
-         cp wit/device-plugin.wit guest-scanners/sdk/wit/"
+        "guest-scanners/sdk/contract/device-plugin.wit differs from wit/device-plugin.wit, the contract: \
+         cp wit/device-plugin.wit guest-scanners/sdk/contract/"
     );
 }
 
