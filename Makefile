@@ -17,10 +17,14 @@ LANG_GUESTS := target/guests/python/hidraw.wasm target/guests/js/sound.wasm targ
 PY_TOOLCHAIN := wit/device-plugin.wit guest-scanners/python/requirements.txt scripts/build-lang-guest.sh
 JS_TOOLCHAIN := wit/device-plugin.wit $(wildcard guest-scanners/js/wit/*.wit guest-scanners/js/wit/deps/*/*.wit) guest-scanners/js/package-lock.json scripts/build-lang-guest.sh
 C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-lang-guest.sh
+# The contract as a WIT package (the wasm form `wkg get` fetches and `wkg publish` pushes).
+WIT_PACKAGE := target/wit/wdp_device-plugin@0.1.0.wasm
+# Where scripts/setup-toolchains.sh installs the guest toolchains.
+TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench clean
+.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests wit-package host test test-lang-units lint proto fuzz demo bench clean
 
 all: build
 
@@ -63,12 +67,19 @@ target/guests/js/%.wasm: $$(wildcard guest-scanners/js/$$*/*.js) $(JS_TOOLCHAIN)
 target/guests/c/%.wasm: $$(wildcard guest-scanners/c/$$*/*.[ch]) $(C_TOOLCHAIN)
 	scripts/build-lang-guest.sh c $*
 
+## wit-package: the contract `wdp:device-plugin` encoded as a WIT package (wasm-tools, installed by
+## `make setup`), for `wkg publish` to a registry (README: Shipping the contract)
+wit-package: $(WIT_PACKAGE)
+$(WIT_PACKAGE): wit/device-plugin.wit scripts/setup-toolchains.sh
+	@mkdir -p $(dir $@)
+	$(TOOLS)/bin/wasm-tools component wit wit --wasm -o $@
+
 ## host: build the wdp binary and the test targets in one go (dev profile, with an optimised
 ## wasm compiler): one feature resolution for both, so `make test` never compiles wasmtime twice
 host:
 	$(CARGO) build --locked --workspace --all-targets
 
-build: guests host
+build: guests wit-package host
 
 ## lint: formatting and clippy, host and guest workspaces
 lint: setup

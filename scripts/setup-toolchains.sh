@@ -5,6 +5,7 @@
 #
 #   Debian    clang, lld, wasi-libc, libclang-rt-dev-wasm32  (the C guests' compiler and libc)
 #   crates.io wasm-tools, wit-bindgen-cli (C bindings)        -> $TOOLS/bin
+#   crates.io cargo-component, wkg (Rust components, WIT packages by name) -> $TOOLS/bin
 #   crates.io the wasi_snapshot_preview1 reactor adapter      -> $TOOLS/adapters
 #             (crate wasi-preview1-component-adapter-provider, the host's wasmtime version)
 #   PyPI      componentize-py (guest-scanners/python/requirements.txt) -> $TOOLS/venv
@@ -18,6 +19,8 @@ cd "$(dirname "$0")/.."
 TOOLS=${TOOLS:-target/tools}
 WASM_TOOLS_VERSION=1.263.0
 WIT_BINDGEN_VERSION=0.63.0
+CARGO_COMPONENT_VERSION=0.21.1
+WKG_VERSION=0.16.1
 # The adapter must speak the WASI 0.2 the host provides: the host's wasmtime version.
 ADAPTER_VERSION=48.0.8
 APT_PACKAGES=(clang lld wasi-libc libclang-rt-dev-wasm32)
@@ -70,6 +73,21 @@ if [[ "$("$TOOLS/bin/wit-bindgen" --version 2>/dev/null)" == "wit-bindgen-cli $W
 else
     step "cargo install wit-bindgen-cli $WIT_BINDGEN_VERSION" \
         cargo_install --no-default-features --features c wit-bindgen-cli@"$WIT_BINDGEN_VERSION"
+fi
+
+# cargo-component builds for wasm32-wasip1 and adapts the module (it adds that target itself when
+# missing; installed here so a build never needs rustup).
+rustup target list --installed | grep -qx wasm32-wasip1 || step "rustup target add wasm32-wasip1" rustup target add wasm32-wasip1
+# Both with all their defaults: registries need their TLS and auth code.
+if [[ "$("$TOOLS/bin/cargo-component" --version 2>/dev/null)" == *" $CARGO_COMPONENT_VERSION"* ]]; then
+    skip "cargo-component $CARGO_COMPONENT_VERSION"
+else
+    step "cargo install cargo-component $CARGO_COMPONENT_VERSION" cargo_install cargo-component@"$CARGO_COMPONENT_VERSION"
+fi
+if [[ "$("$TOOLS/bin/wkg" --version 2>/dev/null)" == "wkg $WKG_VERSION"* ]]; then
+    skip "wkg $WKG_VERSION"
+else
+    step "cargo install wkg $WKG_VERSION" cargo_install wkg@"$WKG_VERSION"
 fi
 
 # --- crates.io: the preview1 adapter -----------------------------------------------------------

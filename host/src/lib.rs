@@ -8,6 +8,7 @@ pub mod allocate;
 pub mod cdi;
 pub mod cli;
 pub mod config;
+pub mod contract;
 pub mod fleet;
 #[cfg(test)]
 mod fuzz;
@@ -19,6 +20,7 @@ pub mod metrics;
 pub mod oci;
 pub mod policy;
 pub mod sandbox;
+pub mod scaffold;
 pub mod scanner;
 pub mod server;
 pub mod snapshot;

@@ -74,7 +74,7 @@ pub mod bindings {
     /// World `scanner-plugin`: imports `notifier` and `devfs`, exports `scanner`.
     pub mod scanner {
         wit_bindgen::generate!({
-            path: "../../wit",
+            path: "contract",
             world: "scanner-plugin",
             additional_derives: [PartialEq, Eq],
             pub_export_macro: true,
@@ -86,7 +86,7 @@ pub mod bindings {
     /// World `post-allocator-plugin`: exports `post-allocator`.
     pub mod post_allocator {
         wit_bindgen::generate!({
-            path: "../../wit",
+            path: "contract",
             world: "post-allocator-plugin",
             additional_derives: [PartialEq, Eq],
             with: {
@@ -101,7 +101,7 @@ pub mod bindings {
     /// World `preferred-allocator-plugin`: exports `preferred-allocator`.
     pub mod preferred_allocator {
         wit_bindgen::generate!({
-            path: "../../wit",
+            path: "contract",
             world: "preferred-allocator-plugin",
             additional_derives: [PartialEq, Eq],
             with: {
@@ -116,7 +116,7 @@ pub mod bindings {
     /// World `pre-starter-plugin`: exports `pre-starter`.
     pub mod pre_starter {
         wit_bindgen::generate!({
-            path: "../../wit",
+            path: "contract",
             world: "pre-starter-plugin",
             additional_derives: [PartialEq, Eq],
             pub_export_macro: true,

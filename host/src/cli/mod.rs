@@ -1,6 +1,7 @@
 //! The `wdp` command line: a thin layer over the library.
 
 mod kubelet;
+mod new;
 mod oci;
 mod run;
 mod scan;
@@ -16,7 +17,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 ///
 /// Scanners read /sys (read-only) and the metadata of /dev, and report device trees; wdp serves
 /// those trees to kubelet. Start with `wdp scan --component kvm.wasm` to see what a scanner finds
-/// on this machine, then `wdp run --config wdp.yaml` to serve it.
+/// on this machine, then `wdp run --config wdp.yaml` to serve it. `wdp new` starts a scanner
+/// project of your own.
 #[derive(Debug, Parser)]
 #[command(name = "wdp", version, about, long_about)]
 pub struct Cli {
@@ -40,6 +42,7 @@ enum Command {
     Snapshot(snapshot::SnapshotArgs),
     Run(run::RunArgs),
     Kubelet(kubelet::KubeletArgs),
+    New(new::NewArgs),
     Status(status::StatusArgs),
     Push(oci::PushArgs),
     Pull(oci::PullArgs),
@@ -68,6 +71,7 @@ pub fn main() -> ExitCode {
             Command::Snapshot(args) => snapshot::run(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Kubelet(args) => kubelet::run(args).await,
+            Command::New(args) => new::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Push(args) => oci::push(args).await,
             Command::Pull(args) => oci::pull(args).await,

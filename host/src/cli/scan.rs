@@ -29,6 +29,10 @@ use crate::units;
 /// or --component) runs over the recorded /sys and /dev, its first tree is printed and compared
 /// with the recorded tree, and any difference is listed and exits 1.
 ///
+/// With --expect it is a test: the first tree is compared with the tree in a file (as this command
+/// prints it) and any difference is listed and exits 1, which is what a scanner project's test
+/// runs over its fixture.
+///
 /// Example: wdp scan --component kvm.wasm --env SLOTS=4 --once --format table
 #[derive(Debug, Args)]
 pub struct ScanArgs {
@@ -48,6 +52,11 @@ pub struct ScanArgs {
     /// Exit after the first tree, or when the scanner returns.
     #[arg(long)]
     once: bool,
+
+    /// Compare the first tree with the one in FILE (JSON, as this command prints a tree): list
+    /// each difference and exit 1 when they differ. Implies --once.
+    #[arg(long, value_name = "FILE", conflicts_with = "from_snapshot")]
+    expect: Option<PathBuf>,
 
     /// Output: one JSON object per tree and line, or a readable table.
     #[arg(long, value_enum, default_value_t = Format::Json)]
@@ -156,6 +165,10 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
     };
     let g = &args.guest;
     let name = g.name(component);
+    let expected = match &args.expect {
+        Some(file) => Some(read_expected(file)?),
+        None => None,
+    };
     let sandbox = Sandbox::with_compile_cache(
         Roots {
             sys: g.sys_root.clone(),
@@ -187,6 +200,9 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
             Some(ScannerEvent::Tree(tree)) => {
                 printed += 1;
                 print_tree(&tree, args.format, printed).context("cannot write to stdout")?;
+                if let (Some(expected), Some(file)) = (&expected, &args.expect) {
+                    return compare_with_expected(&tree, expected, file);
+                }
                 if args.once {
                     return Ok(ExitCode::SUCCESS);
                 }
@@ -195,7 +211,7 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("scanner {name}: tree refused ({}): {e}", e.rule());
                 // A scanner notifies only changes: waiting would wait for a tree that may never
                 // come. A dry run asked for one tree, and this is the answer.
-                if args.once {
+                if args.once || expected.is_some() {
                     return Ok(ExitCode::FAILURE);
                 }
             }
@@ -203,9 +219,49 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("error: scanner {name} failed: {error}");
                 return Ok(ExitCode::FAILURE);
             }
+            Some(ScannerEvent::Finished) | None if expected.is_some() => {
+                eprintln!("error: scanner {name} finished without reporting a tree");
+                return Ok(ExitCode::FAILURE);
+            }
             Some(ScannerEvent::Finished) | None => return Ok(ExitCode::SUCCESS),
         }
     }
+}
+
+/// The tree of an `--expect` file.
+fn read_expected(file: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read the expected tree {}", file.display()))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a JSON tree (write one with `wdp scan ... --once > {}`)",
+            file.display(),
+            file.display()
+        )
+    })
+}
+
+/// `--expect`: success when `tree` is `expected`, else each difference on stderr and exit 1.
+fn compare_with_expected(
+    tree: &DeviceTree,
+    expected: &serde_json::Value,
+    file: &Path,
+) -> anyhow::Result<ExitCode> {
+    let got = serde_json::to_value(tree).context("cannot encode the tree")?;
+    let diff = tree_diff(expected, &got);
+    if diff.is_empty() {
+        eprintln!("the tree equals {}", file.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "the tree differs from {} ({} difference(s); \"recorded\" is the file's):",
+        file.display(),
+        diff.len()
+    );
+    for line in &diff {
+        eprintln!("  {line}");
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 /// The first tree `scanner` reports in `sandbox`, or why there is none (a refused tree, a

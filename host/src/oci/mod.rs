@@ -257,15 +257,22 @@ pub enum Role {
     Hooks,
 }
 
-const SCANNER_EXPORT: &str = "wdp:device-plugin/scanner@0.1.0";
-const HOOK_EXPORTS: [&str; 3] = [
-    "wdp:device-plugin/post-allocator@0.1.0",
-    "wdp:device-plugin/preferred-allocator@0.1.0",
-    "wdp:device-plugin/pre-starter@0.1.0",
-];
+/// The interface a scanner exports.
+const SCANNER_EXPORT: &str = "scanner";
+/// The interfaces of which a hook component exports at least one.
+const HOOK_EXPORTS: [&str; 3] = ["post-allocator", "preferred-allocator", "pre-starter"];
 
-/// Checks an artifact's declared world before anything is compiled: the exports its role needs,
-/// and imports only from WASI and this package.
+/// Whether `name` is the contract's `interface` at a version this host speaks (the contract check
+/// has refused every other version by then).
+fn is_export(name: &str, interface: &str) -> bool {
+    name.strip_prefix(crate::contract::PACKAGE)
+        .and_then(|n| n.strip_prefix('/'))
+        .and_then(|n| n.strip_prefix(interface))
+        .is_some_and(|n| n.starts_with('@'))
+}
+
+/// Checks an artifact's declared world before anything is compiled: a contract version this
+/// host speaks, the exports its role needs, and imports only from WASI and this package.
 pub fn check_world(
     reference: &str,
     component: Option<&ComponentWorld>,
@@ -277,15 +284,26 @@ pub fn check_world(
     };
     let component =
         component.ok_or_else(|| fail("the artifact config describes no component".into()))?;
+    let names = component.imports.iter().chain(&component.exports);
+    crate::contract::check(names.map(String::as_str)).map_err(|e| fail(e.to_string()))?;
     let exports = &component.exports;
     let ok = match role {
-        Role::Scanner => exports.iter().any(|e| e == SCANNER_EXPORT),
-        Role::Hooks => exports.iter().any(|e| HOOK_EXPORTS.contains(&e.as_str())),
+        Role::Scanner => exports.iter().any(|e| is_export(e, SCANNER_EXPORT)),
+        Role::Hooks => exports
+            .iter()
+            .any(|e| HOOK_EXPORTS.iter().any(|h| is_export(e, h))),
     };
     if !ok {
+        let at = |i: &str| {
+            format!(
+                "{}/{i}@{}",
+                crate::contract::PACKAGE,
+                crate::contract::VERSION
+            )
+        };
         let wanted = match role {
-            Role::Scanner => SCANNER_EXPORT.to_string(),
-            Role::Hooks => HOOK_EXPORTS.join(" or "),
+            Role::Scanner => at(SCANNER_EXPORT),
+            Role::Hooks => HOOK_EXPORTS.map(at).join(" or "),
         };
         return Err(fail(format!("it exports {exports:?}, not {wanted}")));
     }

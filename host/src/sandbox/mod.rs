@@ -150,6 +150,11 @@ pub enum SandboxError {
         path: PathBuf,
         error: wasmtime::Error,
     },
+    #[error("{path} is refused: {error}")]
+    Contract {
+        path: PathBuf,
+        error: crate::contract::ContractError,
+    },
     #[error("{path} needs imports this host does not provide: {error:#}")]
     Link {
         path: PathBuf,
@@ -277,6 +282,17 @@ impl Sandbox {
             } else {
                 SandboxError::NotWasm { path }
             });
+        }
+        // A contract version this host does not speak is named here, before a compile that would
+        // only end in a bare "import not found".
+        if let Ok(world) = crate::oci::artifact::ComponentWorld::of(&bytes) {
+            let names = world.imports.iter().chain(&world.exports);
+            crate::contract::check(names.map(String::as_str)).map_err(|error| {
+                SandboxError::Contract {
+                    path: path.to_path_buf(),
+                    error,
+                }
+            })?;
         }
         let engine = self.engine.clone();
         let cache = self.compile_cache.clone();
