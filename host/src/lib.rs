@@ -18,6 +18,7 @@ pub mod manager;
 pub mod metrics;
 pub mod oci;
 pub mod policy;
+pub mod preferred;
 pub mod sandbox;
 pub mod scanner;
 pub mod server;

@@ -30,6 +30,7 @@ use crate::kubelet::api::device_plugin_server::{DevicePlugin, DevicePluginServer
 use crate::kubelet::api::{self, DevicePluginOptions};
 use crate::kubelet::dir::{self, DirEvent, PluginDir};
 use crate::kubelet::register;
+use crate::preferred;
 use crate::sandbox::bindings::types as wit;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
@@ -412,12 +413,18 @@ pub fn to_list(devices: &DeviceGroup) -> api::ListAndWatchResponse {
             .map(|(id, info)| api::Device {
                 id: id.clone(),
                 health: info.health.as_str().into(),
-                topology: info.numa_nodes.as_ref().map(|nodes| api::TopologyInfo {
-                    nodes: nodes
-                        .iter()
-                        .map(|&n| api::NumaNode { id: n.into() })
-                        .collect(),
-                }),
+                // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
+                // kubelet versions then never align it): no nodes is no topology.
+                topology: info
+                    .numa_nodes
+                    .as_ref()
+                    .filter(|n| !n.is_empty())
+                    .map(|nodes| api::TopologyInfo {
+                        nodes: nodes
+                            .iter()
+                            .map(|&n| api::NumaNode { id: n.into() })
+                            .collect(),
+                    }),
             })
             .collect(),
     }
@@ -479,36 +486,31 @@ impl DevicePlugin for PluginService {
                 allocation_size: u32::try_from(r.allocation_size).unwrap_or(0),
             })
             .collect();
+        // Advice only: kubelet allocates without it, so a failing hook must not fail the pod.
+        let resource = &self.resource.name;
         let answers = match hooks
             .preferred_allocation(&self.resource.dev_type, &requests)
             .await
         {
             None => return Err(not_advertised()),
-            Some(Err(e)) => return Err(hook_status(&self.resource, "get-preferred-allocation", e)),
-            Some(Ok(answers)) => answers,
+            Some(Ok(answers)) if answers.len() == requests.len() => Some(answers),
+            Some(Ok(answers)) => {
+                tracing::warn!(resource = %resource, answers = answers.len(), requests = requests.len(), "get-preferred-allocation hook answered the wrong number of containers; no preference");
+                None
+            }
+            Some(Err(e)) => {
+                tracing::warn!(resource = %resource, error = %e, "get-preferred-allocation hook failed; no preference");
+                None
+            }
         };
-        if answers.len() != requests.len() {
-            return Err(Status::internal(format!(
-                "{}: get-preferred-allocation hook returned {} answers for {} requests",
-                self.resource.name,
-                answers.len(),
-                requests.len()
-            )));
+        if answers.is_none() {
+            self.status.preferred_fallback();
         }
-        // Only ids kubelet offered count; kubelet fills any shortfall itself.
-        let container_responses = answers
-            .into_iter()
-            .zip(&requests)
-            .map(|(ids, request)| {
-                let mut chosen: Vec<String> = Vec::new();
-                for id in ids {
-                    if request.available_device_ids.contains(&id) && !chosen.contains(&id) {
-                        chosen.push(id);
-                    }
-                }
-                api::ContainerPreferredAllocationResponse {
-                    device_i_ds: chosen,
-                }
+        let mut answers = answers.map(Vec::into_iter);
+        let container_responses = requests
+            .iter()
+            .map(|request| api::ContainerPreferredAllocationResponse {
+                device_i_ds: preferred::answer(request, answers.as_mut().and_then(Iterator::next)),
             })
             .collect();
         Ok(Response::new(api::PreferredAllocationResponse {
