@@ -93,7 +93,10 @@ async fn preferred_allocation_is_shaped_and_never_fails_the_pod() {
         .allocate("slow.example.com/gpu", &["card3"])
         .await
         .unwrap();
-    assert!(host.log().contains("get-preferred-allocation hook failed; no preference"));
+    assert!(
+        host.log()
+            .contains("get-preferred-allocation hook failed; no preference")
+    );
 
     assert!(host.terminate().await.success());
     kubelet.stop().await;
@@ -144,11 +147,8 @@ async fn a_pre_start_hook_answers_within_kubelets_deadline() {
     );
     let plugins = plugin_dir(&f);
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
-    seen.devices(
-        "pre.example.com/gpu",
-        &["card0", "card1", "card2", "card3"],
-    )
-    .await;
+    seen.devices("pre.example.com/gpu", &["card0", "card1", "card2", "card3"])
+        .await;
     let mut client = kubelet.client("pre.example.com/gpu").unwrap();
     let started = Instant::now();
     let e = client
@@ -159,7 +159,11 @@ async fn a_pre_start_hook_answers_within_kubelets_deadline() {
         .unwrap_err();
     let took = started.elapsed();
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
-    assert!(e.message().contains("no answer within 25s"), "{}", e.message());
+    assert!(
+        e.message().contains("no answer within 25s"),
+        "{}",
+        e.message()
+    );
     assert!(took < Duration::from_secs(30), "{took:?}");
     assert!(
         host.log()
@@ -167,6 +171,120 @@ async fn a_pre_start_hook_answers_within_kubelets_deadline() {
         "{}",
         host.log()
     );
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// CDI specs outlive the process: kubelet replays an Allocate answer's CDI names on every
+/// container restart, also while wdp is stopped or crashed. A spec is removed only by a running
+/// wdp that no longer serves its resource; at start wdp takes over its own specs and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cdi_specs_outlive_the_process_and_only_wdps_are_reconciled() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232).char_dev("ttyUSB0", 188, 0);
+    let cdi = f.path().join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    let spec = |name: &str, kind: &str| {
+        let path = cdi.join(name);
+        let text = format!("{{\"cdiVersion\": \"0.6.0\", \"kind\": \"{kind}\", \"devices\": []}}");
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    // Another vendor's spec, a spec of a resource no longer configured, one of a type the
+    // scanner no longer reports, and a file whose name says wdp and whose kind does not.
+    let vendor = spec("vendor.json", "vendor.example.com/gpu");
+    let unconfigured = spec("wdp-old.example.com-x.json", "old.example.com/x");
+    let vanished = spec(
+        "wdp-devices.example.com-gone.json",
+        "devices.example.com/gone",
+    );
+    let impostor = spec(
+        "wdp-devices.example.com-fake.json",
+        "other.example.com/fake",
+    );
+    let kvm_config = |format: &str| {
+        format!(
+            "scanners:
+  - name: kvm
+    component: {}
+    namespace: devices.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+    cdi: {{ dir: {}, format: {format} }}
+",
+            guest("kvm").display(),
+            cdi.display()
+        )
+    };
+    let config = write_config(&f, &kvm_config("json"));
+    let plugins = plugin_dir(&f);
+    let json = cdi.join("wdp-devices.example.com-kvm.json");
+    let yaml = cdi.join("wdp-devices.example.com-kvm.yaml");
+    let kvm = "devices.example.com/kvm";
+
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices(kvm, &["kvm-0"]).await;
+    let r = kubelet.allocate(kvm, &["kvm-0"]).await.unwrap();
+    let names: Vec<&str> = r.container_responses[0]
+        .cdi_devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(names, ["devices.example.com/kvm=kvm-0"]);
+    // What the runtime resolves the name against.
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(written["kind"], kvm);
+    assert_eq!(written["devices"][0]["name"], "kvm-0");
+    assert!(
+        !unconfigured.exists(),
+        "no configured scanner serves old.example.com"
+    );
+    assert!(!vanished.exists(), "the scanner's first tree has no 'gone'");
+    assert!(vendor.exists() && impostor.exists(), "not wdp's");
+
+    // A clean stop, then a crash: the spec stays for the containers kubelet restarts meanwhile.
+    assert!(host.terminate().await.success());
+    assert!(json.exists(), "SIGTERM removed the spec");
+    let host = wdp_tests::host::Host::start(&config, &plugins, &f);
+    seen.until("kvm registered again", |s| s.registrations(kvm) >= 2)
+        .await;
+    host.signal("KILL");
+    drop(host);
+    assert!(json.exists(), "a crash removed the spec");
+
+    // The format changes while wdp is down: the next start leaves one file, in the new format.
+    std::fs::write(&config, kvm_config("yaml")).unwrap();
+    let host = wdp_tests::host::Host::start(&config, &plugins, &f);
+    seen.until("kvm registered again", |s| s.registrations(kvm) >= 3)
+        .await;
+    // The first tree's specs are written, and their predecessors settled, before it is served.
+    assert!(yaml.exists() && !json.exists(), "one spec per resource");
+
+    // A reload that removes the scanner: its resource is no longer served, its spec goes.
+    let serial = format!(
+        "scanners:
+  - name: serial
+    component: {}
+    namespace: serial.example.com
+    env:
+      RESCAN_INTERVAL_MS: 600000
+      DEVICES: '[{{\"name\": \"serial\", \"groups\": [{{\"paths\": [{{\"path\": \"/dev/ttyUSB*\"}}]}}]}}]'
+",
+        guest("generic").display()
+    );
+    let staged = f.path().join("wdp.yaml.new");
+    std::fs::write(&staged, serial).unwrap();
+    std::fs::rename(&staged, &config).unwrap();
+    seen.devices("serial.example.com/serial", &["ttyUSB0"])
+        .await;
+    seen.ended(kvm).await;
+    // Removed once the new config's scanners are started (then "config reloaded" is logged).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !host.log().contains("config reloaded") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!yaml.exists(), "a removed scanner's spec stayed");
+    assert!(vendor.exists() && impostor.exists());
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
