@@ -288,3 +288,63 @@ async fn cdi_specs_outlive_the_process_and_only_wdps_are_reconciled() {
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
+
+/// A ListAndWatch stream that ends while kubelet keeps running: kubelet marks the devices
+/// unhealthy, stops the endpoint and never calls ListAndWatch on it again, so wdp registers
+/// again at once and the new endpoint lists them healthy. Every cut recovers. A killed kubelet
+/// (its `kubelet.sock` left behind, stale) is followed by a new one, served as after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_stream_is_registered_again_and_a_crashed_kubelet_is_followed() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = write_config(
+        &f,
+        &format!(
+            "scanners:
+  - name: kvm
+    component: {}
+    namespace: devices.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+",
+            guest("kvm").display()
+        ),
+    );
+    let plugins = plugin_dir(&f);
+    let kvm = "devices.example.com/kvm";
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices(kvm, &["kvm-0"]).await;
+    for cut in 1..=5 {
+        let before = seen.registrations(kvm);
+        assert!(kubelet.cut_stream(kvm));
+        seen.until(
+            &format!("the end of the stream and a new registration, cut {cut}"),
+            |s| s.stream_ends(kvm) >= cut && s.registrations(kvm) > before,
+        )
+        .await;
+        // The end cleared the list: this one comes from the new stream.
+        seen.devices(kvm, &["kvm-0"]).await;
+        seen.health(kvm, "kvm-0", "Healthy").await;
+        assert_eq!(kubelet.stopped(kvm), Some(false), "a new, live endpoint");
+        assert_eq!(kubelet.health(kvm, "kvm-0").as_deref(), Some("Healthy"));
+        kubelet.allocate(kvm, &["kvm-0"]).await.unwrap();
+    }
+    assert_eq!(seen.stream_ends(kvm), 5);
+    assert!(
+        host.log()
+            .contains("stream ended while it kept running; registering again"),
+        "{}",
+        host.log()
+    );
+
+    kubelet.crash().await;
+    assert!(
+        plugins.join("kubelet.sock").exists(),
+        "a crash leaves the socket"
+    );
+    let (kubelet, observed) = wdp::kubelet::standin::StandIn::start(&plugins).unwrap();
+    let mut seen = wdp_tests::host::Seen::new(observed);
+    seen.devices(kvm, &["kvm-0"]).await;
+    kubelet.allocate(kvm, &["kvm-0"]).await.unwrap();
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}

@@ -1,14 +1,23 @@
 //! A kubelet stand-in, for `make demo` (`wdp kubelet`) and the integration tests.
 //!
-//! It does what kubelet's device manager does with plugins, over the real protocol:
-//! - on start, removes every socket in the plugin directory (kubelet's `CleanupPluginDirectory`),
-//!   which is how plugins learn that kubelet restarted, then listens on `kubelet.sock`;
-//! - inside `Register`: checks the version and resource name, dials the plugin's endpoint, calls
-//!   `GetDevicePluginOptions`, and only then answers;
-//! - then consumes `ListAndWatch`, one stream per registration, reporting every list.
+//! It does what kubelet's device manager does with plugins, over the real protocol, following
+//! kubelet's `pkg/kubelet/cm/devicemanager` (`manager.go`, `endpoint.go`,
+//! `plugin/v1beta1/{server,handler,client}.go`):
+//! - on start, removes every socket in the plugin directory and nothing else (kubelet's
+//!   `CleanupPluginDirectory`: its checkpoint and other files stay), which is how plugins learn
+//!   that kubelet restarted, then listens on `kubelet.sock`;
+//! - inside `Register`: checks the version and the resource name (kubelet's
+//!   `IsExtendedResourceName`, [`crate::kubelet::names`]), dials the plugin's endpoint (10 s, as
+//!   kubelet's `dial`), calls `GetDevicePluginOptions`, and only then answers;
+//! - then consumes `ListAndWatch`, one stream per registration, reporting every list. When a
+//!   stream ends while the stand-in runs, the resource's devices become unhealthy and its
+//!   endpoint is stopped (`PluginDisconnected`): calls on it fail until the plugin registers
+//!   again;
+//! - stopping closes every plugin connection and removes `kubelet.sock`; a crash
+//!   ([`StandIn::crash`]) leaves the socket file behind, as a killed kubelet does.
 //!
 //! What it sees is reported as [`Observed`] events; [`StandIn::allocate`] calls a plugin the way
-//! kubelet does at pod admission.
+//! kubelet does at pod admission, refused on a stopped endpoint as kubelet refuses it.
 
 use std::collections::HashMap;
 use std::io;
@@ -28,7 +37,10 @@ use tonic::{Request, Response, Status};
 use super::api::device_plugin_client::DevicePluginClient;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{self, DevicePluginOptions, Empty, RegisterRequest};
-use super::{API_VERSION, KUBELET_SOCKET_NAME, transport};
+use super::{API_VERSION, KUBELET_SOCKET_NAME, names, transport};
+
+/// kubelet's `dial` gives a plugin's socket 10 s to answer.
+const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the stand-in saw, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +100,19 @@ impl CurrentStreams {
 struct Plugin {
     client: DevicePluginClient<Channel>,
     options: DevicePluginOptions,
+    /// The number of this registration's stream.
+    stream: u64,
+    /// Ends this registration's stream from kubelet's side ([`StandIn::cut_stream`]).
+    cut: CancellationToken,
+    /// Set when its stream ended: kubelet's endpoint `stopTime`.
+    stopped: bool,
+    /// The devices of the stream's last list, by id: their health as kubelet keeps it.
+    health: HashMap<String, String>,
+}
+
+/// kubelet's `ErrEndpointStopped`.
+fn endpoint_stopped(resource: &str) -> Status {
+    Status::unavailable(format!("endpoint {resource} has been stopped"))
 }
 
 /// A running stand-in. [`StandIn::stop`] (or drop) ends it: the socket goes, streams close.
@@ -165,15 +190,41 @@ impl StandIn {
         self.plugins().get(resource).map(|p| p.client.clone())
     }
 
+    /// Whether `resource`'s endpoint is stopped (its stream ended): kubelet then counts every
+    /// device unhealthy and calls nothing on it until the plugin registers again.
+    pub fn stopped(&self, resource: &str) -> Option<bool> {
+        self.plugins().get(resource).map(|p| p.stopped)
+    }
+
+    /// The health kubelet holds for `resource`'s device `id`: what the last list said, or
+    /// "Unhealthy" for every device once the endpoint stopped.
+    pub fn health(&self, resource: &str, id: &str) -> Option<String> {
+        self.plugins().get(resource)?.health.get(id).cloned()
+    }
+
+    /// Ends `resource`'s ListAndWatch stream from kubelet's side, as a failed connection does;
+    /// false when the resource is not registered.
+    pub fn cut_stream(&self, resource: &str) -> bool {
+        match self.plugins().get(resource) {
+            Some(p) => {
+                p.cut.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// One Allocate call for one container, as kubelet makes at pod admission.
     pub async fn allocate(
         &self,
         resource: &str,
         ids: &[&str],
     ) -> Result<api::AllocateResponse, Status> {
-        let mut client = self
-            .client(resource)
-            .ok_or_else(|| Status::not_found(format!("{resource} is not registered")))?;
+        let mut client = match self.plugins().get(resource) {
+            None => return Err(Status::not_found(format!("{resource} is not registered"))),
+            Some(p) if p.stopped => return Err(endpoint_stopped(resource)),
+            Some(p) => p.client.clone(),
+        };
         let request = api::AllocateRequest {
             container_requests: vec![api::ContainerAllocateRequest {
                 devices_ids: ids.iter().map(|s| s.to_string()).collect(),
@@ -182,13 +233,22 @@ impl StandIn {
         client.allocate(request).await.map(Response::into_inner)
     }
 
-    /// Stops serving (like kubelet going down): the socket is removed, streams are dropped.
-    pub async fn stop(mut self) {
+    /// Stops serving (like kubelet going down): plugin connections are closed, the socket is
+    /// removed.
+    pub async fn stop(self) {
+        let socket = self.socket.clone();
+        self.crash().await;
+        let _ = std::fs::remove_file(&socket);
+    }
+
+    /// Ends like a killed kubelet: connections drop, and `kubelet.sock` stays behind, stale,
+    /// until the next kubelet's cleanup.
+    pub async fn crash(mut self) {
         self.cancel.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        let _ = std::fs::remove_file(&self.socket);
+        self.plugins().clear();
     }
 
     fn plugins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Plugin>> {
@@ -230,21 +290,17 @@ impl Registration for RegistrationService {
                 req.version
             )));
         }
-        if !is_extended_resource_name(&req.resource_name) {
+        if let Err(rule) = names::check_resource_name(&req.resource_name) {
             return Err(Status::invalid_argument(format!(
-                "the ResourceName {:?} is invalid",
+                "the ResourceName {:?} is invalid: it {rule}",
                 req.resource_name
             )));
         }
-        if req.endpoint.is_empty() || req.endpoint.contains('/') {
-            return Err(Status::invalid_argument(format!(
-                "endpoint {:?} must be a file name in the plugin directory",
-                req.endpoint
-            )));
-        }
-        // Like kubelet: dial back and ask the options before answering.
-        let channel = transport::connect(&self.plugin_dir.join(&req.endpoint))
+        // Like kubelet: dial back (within 10 s) and ask the options before answering.
+        let endpoint = self.plugin_dir.join(&req.endpoint);
+        let channel = tokio::time::timeout(DIAL_TIMEOUT, transport::connect(&endpoint))
             .await
+            .map_err(|_| Status::unavailable("failed to dial device plugin: timed out"))?
             .map_err(|e| Status::unavailable(format!("failed to dial device plugin: {e}")))?;
         let mut client = DevicePluginClient::new(channel);
         let options = client
@@ -252,6 +308,8 @@ impl Registration for RegistrationService {
             .await
             .map_err(|e| Status::unavailable(format!("failed to get device plugin options: {e}")))?
             .into_inner();
+        let stream = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
+        let cut = self.cancel.child_token();
         self.plugins
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -260,6 +318,10 @@ impl Registration for RegistrationService {
                 Plugin {
                     client: client.clone(),
                     options,
+                    stream,
+                    cut: cut.clone(),
+                    stopped: false,
+                    health: HashMap::new(),
                 },
             );
         let _ = self.observed.send(Observed::Registered {
@@ -270,35 +332,57 @@ impl Registration for RegistrationService {
         tokio::spawn(watch(
             client,
             req.resource_name,
-            self.streams.fetch_add(1, Ordering::Relaxed) + 1,
+            stream,
+            self.plugins.clone(),
             self.observed.clone(),
-            self.cancel.clone(),
+            (self.cancel.clone(), cut),
         ));
         Ok(Response::new(Empty {}))
     }
 }
 
-/// Consumes one ListAndWatch stream until it ends or the stand-in stops.
+/// Consumes one ListAndWatch stream until it ends, is cut, or the stand-in stops. The end of a
+/// stream while the stand-in runs stops the endpoint, as kubelet's `PluginDisconnected` does.
 async fn watch(
     mut client: DevicePluginClient<Channel>,
     resource: String,
     stream_number: u64,
+    plugins: Arc<Mutex<HashMap<String, Plugin>>>,
     observed: mpsc::UnboundedSender<Observed>,
-    cancel: CancellationToken,
+    (cancel, cut): (CancellationToken, CancellationToken),
 ) {
+    let plugin = |f: &mut dyn FnMut(&mut Plugin)| {
+        let mut plugins = plugins.lock().unwrap_or_else(|p| p.into_inner());
+        // Another registration of the resource overtook this stream: it is not this one's.
+        if let Some(p) = plugins
+            .get_mut(&resource)
+            .filter(|p| p.stream == stream_number)
+        {
+            f(p);
+        }
+    };
     let stream = tokio::select! {
         _ = cancel.cancelled() => return,
-        s = client.list_and_watch(Empty {}) => s,
+        _ = cut.cancelled() => None,
+        s = client.list_and_watch(Empty {}) => s.ok(),
     };
-    if let Ok(stream) = stream {
+    if let Some(stream) = stream {
         let mut stream = stream.into_inner();
         loop {
             let message = tokio::select! {
                 _ = cancel.cancelled() => return,
+                _ = cut.cancelled() => break,
                 m = stream.message() => m,
             };
             match message {
                 Ok(Some(list)) => {
+                    plugin(&mut |p| {
+                        p.health = list
+                            .devices
+                            .iter()
+                            .map(|d| (d.id.clone(), d.health.clone()))
+                            .collect();
+                    });
                     let _ = observed.send(Observed::Devices {
                         resource: resource.clone(),
                         stream: stream_number,
@@ -309,22 +393,14 @@ async fn watch(
             }
         }
     }
+    plugin(&mut |p| {
+        p.stopped = true;
+        p.health.values_mut().for_each(|h| *h = "Unhealthy".into());
+    });
     let _ = observed.send(Observed::StreamEnded {
         resource,
         stream: stream_number,
     });
-}
-
-/// kubelet's extended-resource-name check: `<dns-subdomain>/<name>`, not under kubernetes.io.
-fn is_extended_resource_name(name: &str) -> bool {
-    let Some((prefix, rest)) = name.split_once('/') else {
-        return false;
-    };
-    !prefix.is_empty()
-        && prefix.len() <= 253
-        && !name.contains("kubernetes.io/")
-        && !name.starts_with("requests.")
-        && crate::tree::is_dev_type(rest)
 }
 
 #[cfg(test)]
