@@ -1,33 +1,27 @@
 //! kubelet's ListAndWatch stream ends while kubelet keeps running (a failed connection): kubelet
 //! stops the endpoint, and only a new registration brings the resource back.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Result, bail};
-use wdp_bench::fixtures::{demo_fixture, demo_resources};
 
-use super::shared::{Ctx, expect, ms, plugin_dir};
+use super::shared::{Ctx, Demo, demo, expect, ms};
 use super::sizes::Sizes;
-use crate::e2e::{Jitter, kubelet};
+use crate::e2e::Jitter;
 use crate::report::{Report, Row};
 
 /// Cuts the demo resources' streams one after another from the stand-in's side and times each
 /// resource's new registration and its first list on the new stream.
 pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     println!("\n== stream cut -> registered again (the demo config's 10 resources in turn) ==");
-    let (f, config) = demo_fixture();
-    let resources = demo_resources();
-    let dir = plugin_dir(&f);
-    let (kubelet, mut obs) = kubelet(&dir)?;
-    let host = ctx.start(&f, &config)?;
-    expect(
-        &mut obs,
-        &host,
-        "10 resources",
-        Duration::from_secs(30),
-        |o| o.all_listed(&resources),
-    )
-    .await?;
+    let Demo {
+        fixture: _fixture,
+        resources,
+        kubelet,
+        mut obs,
+        host,
+        ..
+    } = demo(ctx).await?;
     let (mut registered, mut listed) = (Vec::new(), Vec::new());
     let mut jitter = Jitter::new();
     for i in 0..sizes.stream_cuts {
