@@ -253,9 +253,8 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
             Ok(listener) => listener,
             Err(e) => {
                 tracing::error!(resource = %resource.name, socket = %resource.socket.display(), error = %e, "cannot listen; retrying");
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(bind_delay) => {}
+                if retry_bind_after(bind_delay, &cancel, &mut events).await {
+                    break;
                 }
                 bind_delay = (bind_delay * 2).min(Duration::from_secs(5));
                 continue;
@@ -322,6 +321,34 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
     // After a kubelet cleanup the socket may already be gone; that is fine.
     let _ = std::fs::remove_file(&resource.socket);
     tracing::info!(resource = %resource.name, "stopped");
+}
+
+/// Waits `delay` before binding again, or less when the plugin directory is created again (the
+/// watch then reports [`DirEvent::Overflow`]); true when the server was stopped meanwhile.
+async fn retry_bind_after(
+    delay: Duration,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+) -> bool {
+    let deadline = tokio::time::sleep(delay);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return true,
+            _ = &mut deadline => return false,
+            event = dir::next_event(events) => match event {
+                Some(DirEvent::Overflow) => return false,
+                // The watch is gone (the host is stopping): the deadline still holds.
+                None => {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return true,
+                        _ = &mut deadline => return false,
+                    }
+                }
+                Some(_) => {}
+            },
+        }
+    }
 }
 
 /// How a registration attempt ended.

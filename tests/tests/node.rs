@@ -348,3 +348,50 @@ async fn a_lost_stream_is_registered_again_and_a_crashed_kubelet_is_followed() {
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
+
+/// The plugin directory removed (with kubelet stopped) and created again by the next kubelet:
+/// wdp serves and registers in the new directory without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_directory_removed_and_created_again_is_served_again() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = write_config(
+        &f,
+        &format!(
+            "scanners:
+  - name: kvm
+    component: {}
+    namespace: devices.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+",
+            guest("kvm").display()
+        ),
+    );
+    let plugins = plugin_dir(&f);
+    let kvm = "devices.example.com/kvm";
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices(kvm, &["kvm-0"]).await;
+    kubelet.stop().await;
+    for round in 0..2 {
+        kubelet_gone(&plugins, &f.path().join(format!("removed-{round}")));
+        let (kubelet, observed) = wdp::kubelet::standin::StandIn::start(&plugins).unwrap();
+        let mut seen = wdp_tests::host::Seen::new(observed);
+        seen.devices(kvm, &["kvm-0"]).await;
+        kubelet.allocate(kvm, &["kvm-0"]).await.unwrap();
+        kubelet.stop().await;
+    }
+    assert!(
+        host.log().contains("plugin directory created again"),
+        "{}",
+        host.log()
+    );
+    assert!(host.terminate().await.success());
+}
+
+/// Takes the plugin directory away at once (a rename, then its removal), as `rm -rf` of a
+/// stopped kubelet's root would, without racing the host's own rebinding into it.
+fn kubelet_gone(plugins: &std::path::Path, aside: &std::path::Path) {
+    let _ = std::fs::remove_file(plugins.join("kubelet.sock"));
+    std::fs::rename(plugins, aside).unwrap();
+    std::fs::remove_dir_all(aside).unwrap();
+}
