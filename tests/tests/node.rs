@@ -23,6 +23,22 @@ fn plugin_dir(f: &Fixture) -> PathBuf {
     dir
 }
 
+/// One `kvm` scanner (one slot, rescanning only on a change) serving `devices.example.com/kvm`.
+fn kvm_config(f: &Fixture) -> PathBuf {
+    write_config(
+        f,
+        &format!(
+            "scanners:
+  - name: kvm
+    component: {}
+    namespace: devices.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+",
+            guest("kvm").display()
+        ),
+    )
+}
+
 /// A `static_tree` scanner of namespace `<name>.example.com` with `test_allocator` as its hook.
 fn allocator_scanner(name: &str, env: &str, timeout: &str) -> String {
     format!(
@@ -297,18 +313,7 @@ async fn cdi_specs_outlive_the_process_and_only_wdps_are_reconciled() {
 async fn a_lost_stream_is_registered_again_and_a_crashed_kubelet_is_followed() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
-  - name: kvm
-    component: {}
-    namespace: devices.example.com
-    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
-",
-            guest("kvm").display()
-        ),
-    );
+    let config = kvm_config(&f);
     let plugins = plugin_dir(&f);
     let kvm = "devices.example.com/kvm";
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
@@ -355,18 +360,7 @@ async fn a_lost_stream_is_registered_again_and_a_crashed_kubelet_is_followed() {
 async fn a_plugin_directory_removed_and_created_again_is_served_again() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
-  - name: kvm
-    component: {}
-    namespace: devices.example.com
-    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
-",
-            guest("kvm").display()
-        ),
-    );
+    let config = kvm_config(&f);
     let plugins = plugin_dir(&f);
     let kvm = "devices.example.com/kvm";
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
