@@ -20,7 +20,7 @@ C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-l
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench clean
+.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench audit clean
 
 all: build
 
@@ -119,6 +119,14 @@ bench:
 	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
 	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
 	CARGO=$(CARGO) target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
+
+## audit: Cargo.lock against the RustSec advisory database (cargo-audit, installed from crates.io
+## the first time). Needs to reach github.com/rustsec/advisory-db, so it is not part of `make test`.
+CARGO_AUDIT_VERSION ?= 0.22.2
+audit:
+	@command -v cargo-audit >/dev/null || $(CARGO) install --locked cargo-audit --version $(CARGO_AUDIT_VERSION)
+	$(CARGO) audit
+	$(CARGO) audit --file guest-scanners/Cargo.lock
 
 clean:
 	$(CARGO) clean

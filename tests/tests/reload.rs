@@ -266,7 +266,10 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
         ),
         // A namespace kubelet would refuse to register, on every attempt.
         (
-            config(&[a(), generic("b", "requests.example.com", "acm", "/dev/ttyACM*")]),
+            config(&[
+                a(),
+                generic("b", "requests.example.com", "acm", "/dev/ttyACM*"),
+            ]),
             format!(
                 "config {shown}: scanners[1].namespace: \"requests.example.com\": kubelet refuses a resource name <namespace>/<dev-type> that starts with \"requests.\""
             ),
