@@ -94,6 +94,8 @@ pub struct CdiWriter {
     /// The scanner, as [`SpecOwnership`] knows it.
     scanner: Arc<str>,
     ownership: Arc<SpecOwnership>,
+    /// Until [`CdiWriter::leave`]: after it, the scanner's name may already be a successor's.
+    joined: bool,
     /// Per dev-type: the group last synced, and its spec file (None: the group had no device
     /// with a CDI name, so there is no file).
     written: BTreeMap<String, (DeviceGroup, Option<PathBuf>)>,
@@ -114,6 +116,7 @@ impl CdiWriter {
             namespace: namespace.to_string(),
             scanner,
             ownership,
+            joined: true,
             written: BTreeMap::new(),
         }
     }
@@ -182,6 +185,9 @@ impl CdiWriter {
     /// any restart) and are handed to [`SpecOwnership`], which removes them only once nothing
     /// configured may serve them.
     pub fn leave(&mut self) {
+        if !std::mem::take(&mut self.joined) {
+            return;
+        }
         let files = std::mem::take(&mut self.written)
             .into_iter()
             .filter_map(|(t, (_, path))| Some((t, path?)));

@@ -221,8 +221,9 @@ impl Drop for StreamEnd {
     }
 }
 
-/// The delay before registering again after a stream loss: none the first time, then doubling
-/// from 10 ms up to 5 s while losses keep coming within a minute of the registration before.
+/// The delay before registering again after a stream loss: none for a loss on its own, then
+/// doubling from 10 ms up to 5 s while each new registration's stream is lost again within a
+/// second (a kubelet that drops every stream at once must not be hammered).
 #[derive(Debug, Default)]
 struct LossBackoff {
     delay: Duration,
@@ -230,7 +231,7 @@ struct LossBackoff {
 
 impl LossBackoff {
     fn next(&mut self, registration_lived: Duration) -> Duration {
-        if registration_lived > Duration::from_secs(60) {
+        if registration_lived > Duration::from_secs(1) {
             self.delay = Duration::ZERO;
         }
         let now = self.delay;

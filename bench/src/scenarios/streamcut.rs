@@ -25,7 +25,9 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let (mut registered, mut listed) = (Vec::new(), Vec::new());
     let mut jitter = Jitter::new();
     for i in 0..sizes.stream_cuts {
-        tokio::time::sleep(jitter.between(ms(20), ms(60))).await;
+        // Each resource's registration is then over a second old when it is cut again: a loss
+        // on its own, which the host answers without its repeated-loss backoff.
+        tokio::time::sleep(jitter.between(ms(150), ms(250))).await;
         let resource = &resources[i % resources.len()];
         obs.registered.remove(resource);
         let t0 = Instant::now();
