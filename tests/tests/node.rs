@@ -389,3 +389,129 @@ fn kubelet_gone(plugins: &std::path::Path, aside: &std::path::Path) {
     std::fs::rename(plugins, aside).unwrap();
     std::fs::remove_dir_all(aside).unwrap();
 }
+
+/// What a container runtime does with a CDI name: finds the spec of its kind in the directory
+/// and the device of its name there; the device's `containerEdits`.
+fn resolve_cdi(dir: &std::path::Path, name: &str) -> Option<serde_json::Value> {
+    let (kind, device) = name.split_once('=')?;
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
+        if spec["kind"] != kind {
+            return None;
+        }
+        let devices = spec["devices"].as_array()?;
+        let d = devices.iter().find(|d| d["name"] == device)?;
+        Some(d["containerEdits"].clone())
+    })
+}
+
+/// kubelet's checkpoint at work: a container admitted once starts again from the cached
+/// Allocate answer, its CDI name resolved against the spec directory, while wdp is stopped and
+/// across kubelet's own crash; kubelet re-admits it without a new Allocate once the device is
+/// registered and healthy again, and a second pod gets the device nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_restart_from_kubelets_checkpoint_while_wdp_is_away() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let cdi = f.path().join("cdi");
+    let config = write_config(
+        &f,
+        &format!(
+            "scanners:
+  - name: kvm
+    component: {}
+    namespace: devices.example.com
+    env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 600000 }}
+    cdi: {{ dir: {} }}
+",
+            guest("kvm").display(),
+            cdi.display()
+        ),
+    );
+    let plugins = plugin_dir(&f);
+    let kvm = "devices.example.com/kvm";
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices(kvm, &["kvm-0", "kvm-1"]).await;
+    let admitted = kubelet.admit("pod-1", "app", kvm, 1).await.unwrap();
+    let name = admitted.cdi_devices[0].name.clone();
+    assert_eq!(name, "devices.example.com/kvm=kvm-0");
+    assert_eq!(kubelet.allocate_calls(), 1);
+    let edits = resolve_cdi(&cdi, &name).expect("the runtime resolves the name");
+    assert_eq!(edits["deviceNodes"][0]["hostPath"], "/dev/kvm");
+
+    // wdp stops (a rolling update): the container restarts from the checkpoint.
+    assert!(host.terminate().await.success());
+    let restarted = kubelet.start_container("pod-1", "app", kvm).await.unwrap();
+    assert_eq!(restarted, admitted);
+    assert!(resolve_cdi(&cdi, &name).is_some(), "the spec outlived wdp");
+
+    // kubelet crashes and comes back while wdp is away: only sockets were removed.
+    kubelet.crash().await;
+    let (kubelet, observed) = wdp::kubelet::standin::StandIn::start(&plugins).unwrap();
+    assert!(plugins.join("kubelet_internal_checkpoint").exists());
+    let restarted = kubelet.start_container("pod-1", "app", kvm).await.unwrap();
+    assert_eq!(restarted, admitted);
+    assert!(resolve_cdi(&cdi, &name).is_some());
+    let e = kubelet.admit("pod-1", "app", kvm, 1).await.unwrap_err();
+    assert!(
+        e.message().contains("cannot allocate unregistered device"),
+        "{e:?}"
+    );
+
+    // wdp is back: the pod is re-admitted from the checkpoint, without Allocate.
+    let host = wdp_tests::host::Host::start(&config, &plugins, &f);
+    let mut seen = wdp_tests::host::Seen::new(observed);
+    seen.devices(kvm, &["kvm-0", "kvm-1"]).await;
+    assert_eq!(
+        kubelet.admit("pod-1", "app", kvm, 1).await.unwrap(),
+        admitted
+    );
+    assert_eq!(kubelet.allocate_calls(), 0);
+    let second = kubelet.admit("pod-2", "app", kvm, 1).await.unwrap();
+    assert_eq!(second.cdi_devices[0].name, "devices.example.com/kvm=kvm-1");
+    assert_eq!(kubelet.allocate_calls(), 1);
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// The stand-in asks for a preferred allocation and runs PreStartContainer only because the
+/// plugin advertised them: the packed hook picks the first id in order, and its pre-start check
+/// refuses that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_calls_the_optional_rpcs_a_plugin_advertises() {
+    let f = Fixture::new();
+    let config = write_config(
+        &f,
+        &format!(
+            "scanners:
+  - name: gpu
+    component: {}
+    post-allocator: {}
+    namespace: gpu.example.com
+    env: {{ TREE: '{{\"gpu\": {{\"card0\": {{}}, \"bad1\": {{}}, \"card2\": {{}}}}}}' }}
+",
+            guest("static_tree").display(),
+            guest("test_allocator").display()
+        ),
+    );
+    let plugins = plugin_dir(&f);
+    let gpu = "gpu.example.com/gpu";
+    let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
+    seen.devices(gpu, &["bad1", "card0", "card2"]).await;
+    let r = kubelet.admit("pod-1", "app", gpu, 1).await.unwrap();
+    assert_eq!(r.devices.len(), 0, "no nodes in this tree");
+    let e = kubelet
+        .start_container("pod-1", "app", gpu)
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains("bad1 failed its pre-start check"),
+        "{e:?}"
+    );
+    let r = kubelet.admit("pod-2", "app", gpu, 2).await.unwrap();
+    assert!(r.cdi_devices.is_empty());
+    kubelet.start_container("pod-2", "app", gpu).await.unwrap();
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}

@@ -2,6 +2,7 @@
 //! device-plugin directory watcher, registration, the resource-name rules kubelet applies, and a
 //! kubelet stand-in for demos and tests.
 
+pub mod checkpoint;
 pub mod dir;
 pub mod names;
 pub mod register;

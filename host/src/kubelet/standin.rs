@@ -16,8 +16,16 @@
 //! - stopping closes every plugin connection and removes `kubelet.sock`; a crash
 //!   ([`StandIn::crash`]) leaves the socket file behind, as a killed kubelet does.
 //!
-//! What it sees is reported as [`Observed`] events; [`StandIn::allocate`] calls a plugin the way
-//! kubelet does at pod admission, refused on a stopped endpoint as kubelet refuses it.
+//! - it keeps a checkpoint of allocations in the plugin directory ([`super::checkpoint`]): a
+//!   container it admitted is started and restarted from the cached Allocate answer without
+//!   asking the plugin again, also after the stand-in's own restart, when it requires the
+//!   container's devices to come back healthy; GetPreferredAllocation and PreStartContainer are
+//!   called only when the plugin advertised them, PreStartContainer with kubelet's 30 s.
+//!
+//! What it sees is reported as [`Observed`] events; [`StandIn::admit`] and
+//! [`StandIn::start_container`] are kubelet's pod admission and container start;
+//! [`StandIn::allocate`] is one bare Allocate call, refused on a stopped endpoint as kubelet
+//! refuses it.
 
 use std::collections::HashMap;
 use std::io;
@@ -37,7 +45,11 @@ use tonic::{Request, Response, Status};
 use super::api::device_plugin_client::DevicePluginClient;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{self, DevicePluginOptions, Empty, RegisterRequest};
+use super::checkpoint::Checkpoint;
 use super::{API_VERSION, KUBELET_SOCKET_NAME, names, transport};
+
+/// kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
+const PRE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// kubelet's `dial` gives a plugin's socket 10 s to answer.
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -118,7 +130,11 @@ fn endpoint_stopped(resource: &str) -> Status {
 /// A running stand-in. [`StandIn::stop`] (or drop) ends it: the socket goes, streams close.
 pub struct StandIn {
     socket: PathBuf,
+    dir: PathBuf,
     plugins: Arc<Mutex<HashMap<String, Plugin>>>,
+    /// Allocations, kept in the plugin directory across restarts as kubelet keeps them.
+    checkpoint: Mutex<Checkpoint>,
+    allocate_calls: AtomicU64,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -157,10 +173,17 @@ impl StandIn {
                 tracing::error!(error = %e, "kubelet stand-in failed");
             }
         });
+        let checkpoint = Checkpoint::load(plugin_dir).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the checkpoint; starting without allocations");
+            Checkpoint::default()
+        });
         Ok((
             StandIn {
                 socket,
+                dir: plugin_dir.to_path_buf(),
                 plugins,
+                checkpoint: Mutex::new(checkpoint),
+                allocate_calls: AtomicU64::new(0),
                 cancel,
                 task: Some(task),
             },
@@ -231,6 +254,146 @@ impl StandIn {
             }],
         };
         client.allocate(request).await.map(Response::into_inner)
+    }
+
+    /// Admits `container` of `pod` asking for `count` devices of `resource`, as kubelet's
+    /// `devicesToAllocate` and `allocateContainerResources` do. A container the checkpoint
+    /// already holds (kubelet re-admitting its pods after a restart) is not allocated again: the
+    /// resource must be registered and the container's devices healthy, and the cached answer
+    /// stays. Otherwise the stand-in takes healthy devices nobody holds (the plugin's preferred
+    /// ones first, when it advertises GetPreferredAllocation and there is a choice), makes one
+    /// Allocate call and checkpoints the answer.
+    pub async fn admit(
+        &self,
+        pod: &str,
+        container: &str,
+        resource: &str,
+        count: usize,
+    ) -> Result<api::ContainerAllocateResponse, Status> {
+        let cached = self.checkpoint().find(pod, container, resource);
+        let (mut client, options, healthy) = {
+            let plugins = self.plugins();
+            let Some(p) = plugins.get(resource) else {
+                return Err(Status::failed_precondition(format!(
+                    "cannot allocate unregistered device {resource}"
+                )));
+            };
+            let mut healthy: Vec<String> = p
+                .health
+                .iter()
+                .filter(|(_, h)| *h == "Healthy")
+                .map(|(id, _)| id.clone())
+                .collect();
+            healthy.sort();
+            (p.client.clone(), p.options, healthy)
+        };
+        if healthy.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )));
+        }
+        if let Some((ids, response)) = cached {
+            if !ids.iter().all(|id| healthy.contains(id)) {
+                return Err(Status::failed_precondition(format!(
+                    "previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}"
+                )));
+            }
+            return Ok(response);
+        }
+        let allocated = self.checkpoint().allocated(resource);
+        let available: Vec<String> = healthy
+            .into_iter()
+            .filter(|id| !allocated.contains(id))
+            .collect();
+        if available.len() < count {
+            return Err(Status::resource_exhausted(format!(
+                "requested number of devices unavailable for {resource}. Requested: {count}, Available: {}",
+                available.len()
+            )));
+        }
+        let mut chosen: Vec<String> = Vec::with_capacity(count);
+        if options.get_preferred_allocation_available && available.len() > count {
+            let request = api::PreferredAllocationRequest {
+                container_requests: vec![api::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available.clone(),
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
+                }],
+            };
+            let preferred = client.get_preferred_allocation(request).await?.into_inner();
+            let ids = preferred.container_responses.into_iter().next();
+            for id in ids.map(|r| r.device_i_ds).unwrap_or_default() {
+                if chosen.len() < count && available.contains(&id) && !chosen.contains(&id) {
+                    chosen.push(id);
+                }
+            }
+        }
+        for id in &available {
+            if chosen.len() < count && !chosen.contains(id) {
+                chosen.push(id.clone());
+            }
+        }
+        let request = api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: chosen.clone(),
+            }],
+        };
+        self.allocate_calls.fetch_add(1, Ordering::Relaxed);
+        let answer = client.allocate(request).await?.into_inner();
+        let Some(response) = answer.container_responses.into_iter().next() else {
+            return Err(Status::internal(
+                "no containers return in allocation response",
+            ));
+        };
+        let mut checkpoint = self.checkpoint();
+        checkpoint.insert(pod, container, resource, &chosen, &response);
+        checkpoint
+            .save(&self.dir)
+            .map_err(|e| Status::internal(format!("cannot write the checkpoint: {e}")))?;
+        Ok(response)
+    }
+
+    /// Starts (or restarts) `container` of `pod`, as kubelet's `GetDeviceRunContainerOptions`:
+    /// PreStartContainer on its devices when the registered plugin asks for it (with kubelet's
+    /// 30 s deadline; refused on a stopped endpoint), then the cached answer for the runtime. No
+    /// Allocate call: the answer, CDI names included, comes from the checkpoint, also while no
+    /// plugin runs.
+    pub async fn start_container(
+        &self,
+        pod: &str,
+        container: &str,
+        resource: &str,
+    ) -> Result<api::ContainerAllocateResponse, Status> {
+        let Some((ids, response)) = self.checkpoint().find(pod, container, resource) else {
+            return Err(Status::failed_precondition(format!(
+                "no devices found allocated in local cache for pod {pod}, container {container}, resource {resource}"
+            )));
+        };
+        let plugin = self
+            .plugins()
+            .get(resource)
+            .map(|p| (p.client.clone(), p.options, p.stopped));
+        if let Some((mut client, options, stopped)) = plugin
+            && options.pre_start_required
+        {
+            if stopped {
+                return Err(endpoint_stopped(resource));
+            }
+            let mut request = Request::new(api::PreStartContainerRequest { devices_ids: ids });
+            request.set_timeout(PRE_START_TIMEOUT);
+            client.pre_start_container(request).await?;
+        }
+        Ok(response)
+    }
+
+    /// Allocate calls this stand-in made so far (kubelet makes none for a container it has
+    /// checkpointed).
+    pub fn allocate_calls(&self) -> u64 {
+        self.allocate_calls.load(Ordering::Relaxed)
+    }
+
+    fn checkpoint(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
+        self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stops serving (like kubelet going down): plugin connections are closed, the socket is
