@@ -212,6 +212,11 @@ impl Seen {
         self.registrations.get(resource).copied().unwrap_or(0)
     }
 
+    /// Whether `resource`'s current stream has listed a device.
+    pub fn listed(&self, resource: &str) -> bool {
+        self.latest.get(resource).is_some_and(|ids| !ids.is_empty())
+    }
+
     /// How many of `resource`'s ListAndWatch streams ended so far.
     pub fn stream_ends(&self, resource: &str) -> usize {
         self.stream_ends.get(resource).copied().unwrap_or(0)
