@@ -24,7 +24,7 @@ TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests wit-package host test test-lang-units lint proto fuzz demo bench clean
+.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests wit-package host test test-lang-units lint proto fuzz demo bench soak audit clean
 
 all: build
 
@@ -133,6 +133,22 @@ bench:
 	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
 	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
 	CARGO=$(CARGO) target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
+
+## soak: SOAK_RESTARTS (200) kubelet restarts, a graceful stop and a crash in turn, with pods
+## admitted, their containers restarted from the stand-in's checkpoint (CDI names resolved in the
+## spec directory) and a ListAndWatch stream cut between them; writes the figures into
+## bench/RESULTS.md. `make test` runs the same test with 20 restarts.
+SOAK_RESTARTS ?= 200
+soak: rust-guests host
+	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test soak -- --nocapture
+
+## audit: Cargo.lock against the RustSec advisory database (cargo-audit, installed from crates.io
+## the first time). Needs to reach github.com/rustsec/advisory-db, so it is not part of `make test`.
+CARGO_AUDIT_VERSION ?= 0.22.2
+audit:
+	@command -v cargo-audit >/dev/null || $(CARGO) install --locked cargo-audit --version $(CARGO_AUDIT_VERSION)
+	$(CARGO) audit
+	$(CARGO) audit --file guest-scanners/Cargo.lock
 
 clean:
 	$(CARGO) clean

@@ -21,8 +21,10 @@ WASM_TOOLS_VERSION=1.263.0
 WIT_BINDGEN_VERSION=0.63.0
 CARGO_COMPONENT_VERSION=0.21.1
 WKG_VERSION=0.16.1
-# The adapter must speak the WASI 0.2 the host provides: the host's wasmtime version.
-ADAPTER_VERSION=48.0.8
+# The adapter must speak the WASI 0.2 the host provides: the wasmtime version Cargo.lock holds
+# (wasmtime is required as ~48.0.8, so a 48.0.x patch arrives through `cargo update`).
+ADAPTER_VERSION=$(awk '$0 == "name = \"wasmtime\"" { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)
+[[ -n "$ADAPTER_VERSION" ]] || { echo "setup-toolchains: no wasmtime version in Cargo.lock" >&2; exit 1; }
 APT_PACKAGES=(clang lld wasi-libc libclang-rt-dev-wasm32)
 
 mkdir -p "$TOOLS"

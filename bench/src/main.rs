@@ -12,7 +12,7 @@
 //!           [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
-//! Rows: hotplug, poll, newtype, allocate, restart, startup, idle, bulk, wasm, and micro (the
+//! Rows: hotplug, poll, newtype, allocate, restart, streamcut, startup, idle, bulk, wasm, and micro (the
 //! criterion benchmarks, through `cargo bench`). Each is measured by a module of [`scenarios`];
 //! this file parses the arguments, runs the selected rows in order and writes the report.
 
@@ -29,7 +29,7 @@ use clap::Parser;
 use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
 use scenarios::sizes::Sizes;
-use scenarios::{allocate, bulk, hotplug, idle, micro, native, restart, startup};
+use scenarios::{allocate, bulk, hotplug, idle, micro, native, restart, startup, streamcut};
 use wdp_bench::fixtures;
 
 /// Measures wdp against the targets of its performance issue on this machine and writes
@@ -87,8 +87,18 @@ struct Args {
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
-const ROWS: [&str; 10] = [
-    "hotplug", "poll", "newtype", "allocate", "restart", "startup", "idle", "bulk", "wasm", "micro",
+const ROWS: [&str; 11] = [
+    "hotplug",
+    "poll",
+    "newtype",
+    "allocate",
+    "restart",
+    "streamcut",
+    "startup",
+    "idle",
+    "bulk",
+    "wasm",
+    "micro",
 ];
 
 impl Args {
@@ -180,6 +190,9 @@ async fn main() -> Result<()> {
     }
     if args.runs("restart") {
         restart::run(&ctx, &sizes, &mut report).await?;
+    }
+    if args.runs("streamcut") {
+        streamcut::run(&ctx, &sizes, &mut report).await?;
     }
     if args.runs("startup") {
         startup::run(&ctx, &sizes, &mut report).await?;

@@ -5,8 +5,9 @@
 //! (`/var/run/cdi`); the plugin only names the device in its Allocate answer
 //! (`cdi_devices`, KEP-4009). When a scanner's config has `cdi:`, its manager keeps one spec file
 //! per resource in that directory, in step with the tree: written before kubelet can see a new
-//! or changed device, removed when the device type goes away or the host stops. Files are written
-//! to a temporary name and renamed, so a runtime never reads half a spec.
+//! or changed device, removed when the device type goes away. Files are written to a temporary
+//! name and renamed, so a runtime never reads half a spec. Specs outlive the process: stopping
+//! or crashing removes none, and the next start takes them over ([`ownership`]).
 //!
 //! Kind `<namespace>/<dev-type>` (one kind per resource, e.g. `gpu.intel.com/i915`), one CDI
 //! device per device id (`gpu.intel.com/i915=card0-0`). Each spec declares the lowest CDI version
@@ -19,11 +20,16 @@
 pub mod schema;
 pub mod version;
 
+mod ownership;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
+
+pub use self::ownership::SpecOwnership;
 
 use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, is_cdi_name};
 use version::CdiVersion;
@@ -85,32 +91,52 @@ pub enum CdiError {
     Encode { path: PathBuf, message: String },
 }
 
+/// The name wdp gives the spec of resource `<namespace>/<dev-type>` in `format`.
+fn spec_file_name(namespace: &str, dev_type: &str, format: CdiFormat) -> String {
+    format!("wdp-{namespace}-{dev_type}.{}", format.extension())
+}
+
 /// The spec files of one scanner's resources.
 #[derive(Debug)]
 pub struct CdiWriter {
     config: CdiConfig,
     namespace: String,
+    /// The scanner, as [`SpecOwnership`] knows it.
+    scanner: Arc<str>,
+    ownership: Arc<SpecOwnership>,
+    /// Until [`CdiWriter::leave`]: after it, the scanner's name may already be a successor's.
+    joined: bool,
     /// Per dev-type: the group last synced, and its spec file (None: the group had no device
     /// with a CDI name, so there is no file).
     written: BTreeMap<String, (DeviceGroup, Option<PathBuf>)>,
 }
 
 impl CdiWriter {
-    /// Spec files for the resources of `namespace`, in `config.dir`.
-    pub fn new(config: CdiConfig, namespace: &str) -> Self {
+    /// Spec files for the resources of `namespace`, in `config.dir`, written for `scanner`;
+    /// `ownership` learns which files it writes.
+    pub fn new(
+        config: CdiConfig,
+        namespace: &str,
+        scanner: Arc<str>,
+        ownership: Arc<SpecOwnership>,
+    ) -> Self {
+        ownership.join(&scanner, namespace, &config.dir);
         CdiWriter {
             config,
             namespace: namespace.to_string(),
+            scanner,
+            ownership,
+            joined: true,
             written: BTreeMap::new(),
         }
     }
 
     /// The spec file of `dev_type`.
     pub fn path(&self, dev_type: &str) -> PathBuf {
-        self.config.dir.join(format!(
-            "wdp-{}-{dev_type}.{}",
-            self.namespace,
-            self.config.format.extension()
+        self.config.dir.join(spec_file_name(
+            &self.namespace,
+            dev_type,
+            self.config.format,
         ))
     }
 
@@ -156,16 +182,26 @@ impl CdiWriter {
                 }
             }
         }
+        let files: Vec<(&str, &Path)> = self
+            .written
+            .iter()
+            .filter_map(|(t, (_, path))| Some((t.as_str(), path.as_deref()?)))
+            .collect();
+        self.ownership.wrote(&self.scanner, &files);
         served
     }
 
-    /// Removes every spec file written (the host is stopping or the scanner went away).
-    pub fn remove_all(&mut self) {
-        for (_, (_, path)) in std::mem::take(&mut self.written) {
-            if let Some(path) = path {
-                remove(&path);
-            }
+    /// Stops writing: the spec files stay for the runtime (kubelet replays their names after
+    /// any restart) and are handed to [`SpecOwnership`], which removes them only once nothing
+    /// configured may serve them.
+    pub fn leave(&mut self) {
+        if !std::mem::take(&mut self.joined) {
+            return;
         }
+        let files = std::mem::take(&mut self.written)
+            .into_iter()
+            .filter_map(|(t, (_, path))| Some((t, path?)));
+        self.ownership.leave(&self.scanner, files);
     }
 
     /// Writes the spec of one group; a group without a device to describe has no file.
@@ -213,7 +249,7 @@ impl CdiWriter {
 
 impl Drop for CdiWriter {
     fn drop(&mut self) {
-        self.remove_all();
+        self.leave();
     }
 }
 
@@ -232,7 +268,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let mut tmp = tempfile::Builder::new()
-        .prefix(".wdp-cdi-")
+        .prefix(ownership::TEMP_PREFIX)
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
@@ -396,6 +432,8 @@ mod tests {
                 format,
             },
             "gpu.example.com",
+            "gpu".into(),
+            Arc::default(),
         )
     }
 
@@ -544,7 +582,7 @@ mod tests {
     }
 
     #[test]
-    fn yaml_and_removal_on_drop() {
+    fn yaml_and_specs_outlive_the_writer() {
         let tmp = tempfile::tempdir().unwrap();
         let mut w = writer(tmp.path(), CdiFormat::Yaml);
         let mut tree = DeviceTree::default();
@@ -557,8 +595,9 @@ mod tests {
         assert_eq!(spec["kind"], "gpu.example.com/acc");
         assert_eq!(spec["devices"][0]["name"], "a:0");
         assert_eq!(spec["devices"].as_array().unwrap().len(), 1);
+        // Stopping removes nothing: kubelet replays the names after any restart.
         drop(w);
-        assert!(!path.exists());
+        assert!(path.exists());
     }
 
     #[test]

@@ -26,9 +26,10 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::cdi::{CdiConfig, CdiFormat};
+use crate::kubelet::names;
 use crate::policy::Policy;
 use crate::sandbox::GuestLimits;
-use crate::tree::{is_dns_subdomain, is_env_name, is_normal_absolute_path};
+use crate::tree::{is_env_name, is_normal_absolute_path};
 use crate::units;
 
 /// A checked configuration.
@@ -222,11 +223,12 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                 ),
             ));
         }
-        if !is_namespace(&s.namespace) {
+        // kubelet refuses, on every attempt, a registration whose name breaks these rules.
+        if let Err(rule) = names::check_namespace(&s.namespace) {
             return Err(invalid(
                 key("namespace"),
                 format!(
-                    "{:?} is not a valid resource namespace: use a DNS subdomain such as devices.example.com (not under kubernetes.io)",
+                    "{:?}: kubelet refuses a resource name <namespace>/<dev-type> that {rule}",
                     s.namespace
                 ),
             ));
@@ -523,11 +525,6 @@ fn is_name(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'_')
 }
 
-/// The prefix of an extended resource name: a DNS subdomain; kubelet refuses kubernetes.io.
-fn is_namespace(s: &str) -> bool {
-    is_dns_subdomain(s) && !s.ends_with("kubernetes.io")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,7 +681,11 @@ mod tests {
             ),
             (
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: k8s.kubernetes.io}",
-                "scanners[0].namespace",
+                "scanners[0].namespace: \"k8s.kubernetes.io\": kubelet refuses a resource name <namespace>/<dev-type> that is in the kubernetes.io namespace",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: requests.example.com}",
+                "scanners[0].namespace: \"requests.example.com\": kubelet refuses a resource name <namespace>/<dev-type> that starts with \"requests.\"",
             ),
             (
                 "scanners:\n  - {name: a, component: nope.wasm, namespace: x.io}",
@@ -732,6 +733,17 @@ mod tests {
             assert!(err.starts_with("config wdp.yaml: "), "{err}");
             assert!(err.contains(needle), "{err:?} should contain {needle:?}");
         }
+        // A namespace kubelet's quota check makes too long (a DNS name allows it).
+        let long = format!("{}.io", "a".repeat(242));
+        let err = with_files(&format!(
+            "scanners:\n  - {{name: a, component: kvm.wasm, namespace: {long}}}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("scanners[0].namespace") && err.contains("a namespace of 245 characters"),
+            "{err}"
+        );
     }
 
     /// Parses `yaml` against one directory for the whole test binary, so that the same

@@ -14,7 +14,9 @@
 //!   own once the fleet has closed its channel.
 //!
 //! Reload uses this to restart only what changed: stop every removed or changed scanner first,
-//! then start the new ones, so two scanners may swap a resource in one reload.
+//! then start the new ones ([`Fleet::start_all`]), so two scanners may swap a resource in one
+//! reload. CDI specs are not removed by stopping a scanner: [`SpecOwnership`] removes a stopped
+//! scanner's specs once the new config is started and nothing in it may serve them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::cdi::SpecOwnership;
 use crate::config::ScannerIdentity;
 use crate::hooks::Hooks;
 use crate::manager::{Claims, Manager};
@@ -61,6 +64,8 @@ pub struct Fleet {
     sandbox: Arc<Sandbox>,
     kubelet: Arc<Kubelet>,
     claims: Arc<Claims>,
+    /// Which CDI spec files are wdp's, and when one may go.
+    cdi: Arc<SpecOwnership>,
     /// What `/status`, `/readyz` and `/metrics` show: every running scanner is in it.
     obs: Observability,
     running: BTreeMap<String, RunningScanner>,
@@ -79,9 +84,37 @@ impl Fleet {
             sandbox,
             kubelet,
             claims,
+            cdi: Arc::default(),
             obs,
             running: BTreeMap::new(),
         }
+    }
+
+    /// Which CDI spec files are wdp's (the specs of earlier runs not yet taken over, for tests
+    /// and `wdp status`).
+    pub fn cdi(&self) -> &Arc<SpecOwnership> {
+        &self.cdi
+    }
+
+    /// Starts the scanners a config adds or changes, after [`Fleet::stop`] of every one it
+    /// removes or changes. The CDI spec files of their directories are taken over first (the
+    /// first start's reconciliation), every one of them joins the spec ownership before any
+    /// starts, and once all run, the specs nothing configured may serve any more are removed.
+    pub async fn start_all(&mut self, scanners: Vec<Prepared>) {
+        let cdi: Vec<_> = scanners
+            .iter()
+            .filter_map(|p| Some((&p.identity.config, p.identity.config.cdi.as_ref()?)))
+            .collect();
+        self.cdi.adopt(cdi.iter().map(|(_, c)| c.dir.as_path()));
+        for (config, c) in &cdi {
+            // The name its manager writes under (the guest's name is the config's).
+            self.cdi
+                .join(&config.name.as_str().into(), &config.namespace, &c.dir);
+        }
+        for prepared in scanners {
+            self.start(prepared).await;
+        }
+        self.cdi.sweep();
     }
 
     /// The running scanners' identities, by name.
@@ -126,7 +159,7 @@ impl Fleet {
             self.claims.clone(),
         );
         if let Some(cdi) = identity.config.cdi.clone() {
-            manager = manager.with_cdi(cdi);
+            manager = manager.with_cdi(cdi, self.cdi.clone());
         }
         // The manager removes the scanner from `obs` once its servers are stopped.
         manager = manager.with_status(status);

@@ -3,11 +3,16 @@
 //!
 //! Each call runs in a fresh instance (instantiation from an `InstancePre` costs microseconds), so
 //! no state leaks from one pod's allocation into the next and a trapped or timed-out call poisons
-//! nothing. Every call has the scanner's `call-timeout` as its deadline.
+//! nothing. Every call has the scanner's `call-timeout` as its deadline, and `pre-start-container`
+//! at most [`PRE_START_DEADLINE`]: kubelet gives PreStartContainer 30 s
+//! (`KubeletPreStartContainerRPCTimeoutInSecs`) and fails the container when they pass, so the
+//! hook must answer, even with an error, before that. Allocate and GetPreferredAllocation have no
+//! deadline on kubelet's side.
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use wasmtime::Store;
 
@@ -19,6 +24,10 @@ use crate::sandbox::bindings::preferred_allocator::PreferredAllocatorPluginPre;
 use crate::sandbox::bindings::types as wit;
 use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError};
 use crate::scanner::describe;
+
+/// The longest a `pre-start-container` call may run: kubelet's 30 s deadline for the whole
+/// PreStartContainer call, less room for instantiation, the gRPC round trip and a loaded node.
+pub const PRE_START_DEADLINE: Duration = Duration::from_secs(25);
 
 /// Why a hook call failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +77,14 @@ impl Hooks {
                 path: component.path().to_path_buf(),
             });
         }
+        if hooks.pre_start.is_some() && hooks.spec.limits.call_timeout > PRE_START_DEADLINE {
+            tracing::warn!(
+                scanner = &*hooks.spec.name,
+                call_timeout = ?hooks.spec.limits.call_timeout,
+                pre_start_deadline = ?PRE_START_DEADLINE,
+                "limits.call-timeout is longer than kubelet allows PreStartContainer (30 s): pre-start-container calls stop at the lower deadline"
+            );
+        }
         Ok(hooks)
     }
 
@@ -104,12 +121,16 @@ impl Hooks {
     ) -> Option<Result<Vec<wit::ContainerAllocateResponse>, HookError>> {
         let pre = self.post.as_ref()?;
         Some(
-            self.call(Hook::PostAllocate, |mut store| async move {
-                let hook = pre.instantiate_async(&mut store).await?;
-                hook.wdp_device_plugin_post_allocator()
-                    .call_post_allocate(&mut store, dev_type, requests, responses)
-                    .await
-            })
+            self.call(
+                Hook::PostAllocate,
+                self.deadline(),
+                |mut store| async move {
+                    let hook = pre.instantiate_async(&mut store).await?;
+                    hook.wdp_device_plugin_post_allocator()
+                        .call_post_allocate(&mut store, dev_type, requests, responses)
+                        .await
+                },
+            )
             .await,
         )
     }
@@ -122,12 +143,16 @@ impl Hooks {
     ) -> Option<Result<Vec<Vec<String>>, HookError>> {
         let pre = self.preferred.as_ref()?;
         Some(
-            self.call(Hook::GetPreferredAllocation, |mut store| async move {
-                let hook = pre.instantiate_async(&mut store).await?;
-                hook.wdp_device_plugin_preferred_allocator()
-                    .call_get_preferred_allocation(&mut store, dev_type, requests)
-                    .await
-            })
+            self.call(
+                Hook::GetPreferredAllocation,
+                self.deadline(),
+                |mut store| async move {
+                    let hook = pre.instantiate_async(&mut store).await?;
+                    hook.wdp_device_plugin_preferred_allocator()
+                        .call_get_preferred_allocation(&mut store, dev_type, requests)
+                        .await
+                },
+            )
             .await,
         )
     }
@@ -139,8 +164,9 @@ impl Hooks {
         device_ids: &[String],
     ) -> Option<Result<(), HookError>> {
         let pre = self.pre_start.as_ref()?;
+        let deadline = self.deadline().min(PRE_START_DEADLINE);
         Some(
-            self.call(Hook::PreStartContainer, |mut store| async move {
+            self.call(Hook::PreStartContainer, deadline, |mut store| async move {
                 let hook = pre.instantiate_async(&mut store).await?;
                 hook.wdp_device_plugin_pre_starter()
                     .call_pre_start_container(&mut store, dev_type, device_ids)
@@ -150,19 +176,24 @@ impl Hooks {
         )
     }
 
-    /// One call of `hook` in a fresh store, under the deadline; timed into the scanner's metrics.
-    async fn call<T, F, Fut>(&self, hook: Hook, f: F) -> Result<T, HookError>
+    /// The scanner's `call-timeout`.
+    fn deadline(&self) -> Duration {
+        self.spec.limits.call_timeout
+    }
+
+    /// One call of `hook` in a fresh store, under `deadline`; timed into the scanner's metrics.
+    async fn call<T, F, Fut>(&self, hook: Hook, deadline: Duration, f: F) -> Result<T, HookError>
     where
         F: FnOnce(Store<GuestState>) -> Fut,
         Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
     {
         let started = std::time::Instant::now();
-        let result = self.call_once(f).await;
+        let result = self.call_once(deadline, f).await;
         self.spec.metrics.hook_called(hook, started.elapsed());
         result
     }
 
-    async fn call_once<T, F, Fut>(&self, f: F) -> Result<T, HookError>
+    async fn call_once<T, F, Fut>(&self, deadline: Duration, f: F) -> Result<T, HookError>
     where
         F: FnOnce(Store<GuestState>) -> Fut,
         Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
@@ -171,7 +202,6 @@ impl Hooks {
             .sandbox
             .store(&self.spec, None)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
-        let deadline = self.spec.limits.call_timeout;
         let _running = self.sandbox.clock().running();
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),

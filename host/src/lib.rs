@@ -19,6 +19,7 @@ pub mod manager;
 pub mod metrics;
 pub mod oci;
 pub mod policy;
+pub mod preferred;
 pub mod sandbox;
 pub mod scaffold;
 pub mod scanner;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
-use crate::cdi::{CdiConfig, CdiWriter};
+use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::hooks::Hooks;
 use crate::scanner::ScannerEvent;
 use crate::server::{Kubelet, Resource, ResourceServer};
@@ -72,6 +72,12 @@ impl Claims {
         }
     }
 
+    /// Whether `scanner` holds `resource` or may claim it.
+    fn available(&self, resource: &str, scanner: &Arc<str>) -> bool {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.get(resource).is_none_or(|owner| owner == scanner)
+    }
+
     fn release(&self, resource: &str, scanner: &Arc<str>) {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
         if owners.get(resource) == Some(scanner) {
@@ -119,9 +125,15 @@ impl Manager {
         }
     }
 
-    /// Keeps CDI spec files for this scanner's resources and serves their CDI names.
-    pub fn with_cdi(mut self, config: CdiConfig) -> Self {
-        self.cdi = Some(CdiWriter::new(config, &self.namespace));
+    /// Keeps CDI spec files for this scanner's resources and serves their CDI names; the
+    /// host-wide `ownership` decides when a file this scanner no longer writes is removed.
+    pub fn with_cdi(mut self, config: CdiConfig, ownership: Arc<SpecOwnership>) -> Self {
+        self.cdi = Some(CdiWriter::new(
+            config,
+            &self.namespace,
+            self.scanner.clone(),
+            ownership,
+        ));
         self
     }
 
@@ -156,12 +168,28 @@ impl Manager {
     }
 
     /// Brings the servers in line with `tree`. Never waits. CDI specs are written first, so no
-    /// device is served before the spec that describes it exists.
+    /// device is served before the spec that describes it exists; only for the types this
+    /// scanner may serve, so a type another scanner holds never overwrites that one's spec.
     pub fn apply(&mut self, tree: &DeviceTree) -> TreeDiff {
         let with_cdi;
         let tree = match &mut self.cdi {
             Some(cdi) => {
-                with_cdi = cdi.sync(tree);
+                let held = |t: &String| {
+                    let resource = format!("{}/{t}", self.namespace);
+                    self.claims.available(&resource, &self.scanner)
+                };
+                with_cdi = if tree.0.keys().all(held) {
+                    cdi.sync(tree)
+                } else {
+                    let mut mine = tree.clone();
+                    mine.0.retain(|t, _| held(t));
+                    let mut served = cdi.sync(&mine);
+                    // The others go on to be refused by name below, as without CDI.
+                    for (t, group) in &tree.0 {
+                        served.0.entry(t.clone()).or_insert_with(|| group.clone());
+                    }
+                    served
+                };
                 &with_cdi
             }
             None => tree,
@@ -236,8 +264,10 @@ impl Manager {
             server.stop().await;
             status.remove();
         }
+        // The specs stay: kubelet replays their names on every container restart, even while
+        // no wdp runs. The host-wide ownership removes them if nothing configured serves them.
         if let Some(cdi) = &mut self.cdi {
-            cdi.remove_all();
+            cdi.leave();
         }
         self.current.clear();
     }

@@ -168,6 +168,10 @@ pub struct ResourceMetrics {
     allocate_duration: Histogram,
     healthy: Gauge,
     unhealthy: Gauge,
+    /// GetPreferredAllocation calls answered "no preference" because the hook failed.
+    preferred_fallbacks: Counter,
+    /// kubelet's ListAndWatch stream ended while both sides kept running: registered again.
+    stream_losses: Counter,
 }
 
 impl Default for ResourceMetrics {
@@ -178,6 +182,8 @@ impl Default for ResourceMetrics {
             allocate_duration: Histogram::new(CALL_BUCKETS),
             healthy: Gauge::default(),
             unhealthy: Gauge::default(),
+            preferred_fallbacks: Counter::default(),
+            stream_losses: Counter::default(),
         }
     }
 }
@@ -191,6 +197,17 @@ impl ResourceMetrics {
             self.allocations_error.inc();
         }
         self.allocate_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// A GetPreferredAllocation answered "no preference": the hook failed, timed out or answered
+    /// the wrong number of containers.
+    pub fn preferred_fallback(&self) {
+        self.preferred_fallbacks.inc();
+    }
+
+    /// kubelet's ListAndWatch stream ended while it kept running; the resource registers again.
+    pub fn stream_lost(&self) {
+        self.stream_losses.inc();
     }
 
     /// The resource now lists these many devices.
@@ -415,6 +432,24 @@ fn resource_families(
         resources
             .iter()
             .map(|(name, m)| ([("resource", *name)], &m.allocate_duration)),
+    )?;
+    family(
+        e,
+        "resource_preferred_allocation_fallbacks",
+        "GetPreferredAllocation calls answered with no preference because the hook failed, timed out or answered the wrong number of containers.",
+        None,
+        resources
+            .iter()
+            .map(|(name, m)| ([("resource", *name)], &m.preferred_fallbacks)),
+    )?;
+    family(
+        e,
+        "resource_stream_losses",
+        "kubelet's ListAndWatch stream for the resource ended while wdp and kubelet kept running; each one is followed by a new registration.",
+        None,
+        resources
+            .iter()
+            .map(|(name, m)| ([("resource", *name)], &m.stream_losses)),
     )
 }
 
@@ -464,6 +499,8 @@ mod tests {
             fixed.kvm.notified(); // no wake-up in between: not timed
             fixed.resource.devices(2, 1);
             fixed.resource.allocated(Duration::from_micros(200), true);
+            fixed.resource.preferred_fallback();
+            fixed.resource.stream_lost();
         }
         metrics.reload_failed();
         let text = metrics.encode();
@@ -476,6 +513,8 @@ mod tests {
             "wdp_resource_allocate_duration_seconds_bucket{le=\"0.00025\",resource=\"ns/kvm\"} 1\n",
             "wdp_hook_call_duration_seconds_count{scanner=\"kvm\",hook=\"post-allocate\"} 0\n",
             "wdp_config_reloads_total{result=\"failure\"} 1\n",
+            "wdp_resource_preferred_allocation_fallbacks_total{resource=\"ns/kvm\"} 1\n",
+            "wdp_resource_stream_losses_total{resource=\"ns/kvm\"} 1\n",
             "wdp_config_last_reload_success 0\n",
             "# HELP wdp_scanner_scan_duration_seconds Time from",
         ] {

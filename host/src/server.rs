@@ -3,9 +3,13 @@
 //! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves,
 //! then registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to
 //! appear rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or
-//! our socket is deleted (kubelet's cleanup), it serves again and re-registers at once. Stopping
-//! cancels the task, which ends every stream, removes the socket and leaves nothing behind,
-//! whatever state it was in.
+//! our socket is deleted (kubelet's cleanup), it serves again and re-registers at once. When
+//! kubelet's ListAndWatch stream ends while both sides keep running (same socket, same
+//! `kubelet.sock`), it registers again at once, with a backoff if that keeps happening: kubelet
+//! has then marked every device unhealthy and stopped the endpoint, calls ListAndWatch on it
+//! never again, and drops the resource after 5 minutes (`endpointStopGracePeriod`); only a new
+//! registration replaces the endpoint. Stopping cancels the task, which ends every stream,
+//! removes the socket and leaves nothing behind, whatever state it was in.
 //!
 //! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
 //! or absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
@@ -14,6 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
@@ -30,6 +35,7 @@ use crate::kubelet::api::device_plugin_server::{DevicePlugin, DevicePluginServer
 use crate::kubelet::api::{self, DevicePluginOptions};
 use crate::kubelet::dir::{self, DirEvent, PluginDir};
 use crate::kubelet::register;
+use crate::preferred;
 use crate::sandbox::bindings::types as wit;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
@@ -129,6 +135,7 @@ impl ResourceServer {
             hooks,
             stop: cancel.clone(),
             status: status.clone(),
+            streams: Arc::new(Streams::default()),
         };
         let task = tokio::spawn(lifecycle(kubelet, service, cancel.clone()));
         ResourceServer {
@@ -164,12 +171,75 @@ impl ResourceServer {
     }
 }
 
-/// Why a served socket stopped being useful.
+/// Why a served socket stopped being useful, or its registration did.
 enum Restart {
     /// kubelet restarted (`kubelet.sock` recreated) or deleted our socket.
     Kubelet,
+    /// kubelet's stream ended while it kept running: register again on the same socket.
+    StreamLost,
     /// The server was stopped.
     Stopped,
+}
+
+/// kubelet's ListAndWatch streams on one resource's socket: which is the latest, and the number
+/// of the last one that ended while the server was serving. Each stream reports its own end
+/// (see [`StreamEnd`]), so an older stream ending late is told apart from the current one.
+#[derive(Debug)]
+struct Streams {
+    opened: AtomicU64,
+    lost: watch::Sender<u64>,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams {
+            opened: AtomicU64::new(0),
+            lost: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Streams {
+    fn opened(&self) -> u64 {
+        self.opened.load(Ordering::SeqCst)
+    }
+}
+
+/// Held by one ListAndWatch stream: its drop (kubelet went away from it, or the server stops)
+/// reports a loss when the stream was the latest and the server was not stopping.
+struct StreamEnd {
+    streams: Arc<Streams>,
+    number: u64,
+    stop: CancellationToken,
+}
+
+impl Drop for StreamEnd {
+    fn drop(&mut self) {
+        if !self.stop.is_cancelled() && self.streams.opened() == self.number {
+            self.streams.lost.send_replace(self.number);
+        }
+    }
+}
+
+/// The delay before registering again after a stream loss: none for a loss on its own, then
+/// doubling from 10 ms up to 5 s while each new registration's stream is lost again within a
+/// second (a kubelet that drops every stream at once must not be hammered).
+#[derive(Debug, Default)]
+struct LossBackoff {
+    delay: Duration,
+}
+
+impl LossBackoff {
+    fn next(&mut self, registration_lived: Duration) -> Duration {
+        if registration_lived > Duration::from_secs(1) {
+            self.delay = Duration::ZERO;
+        }
+        let now = self.delay;
+        self.delay = (self.delay * 2)
+            .max(Duration::from_millis(10))
+            .min(Duration::from_secs(5));
+        now
+    }
 }
 
 /// Serve, register, wait, and again after every kubelet restart, until cancelled.
@@ -184,9 +254,8 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
             Ok(listener) => listener,
             Err(e) => {
                 tracing::error!(resource = %resource.name, socket = %resource.socket.display(), error = %e, "cannot listen; retrying");
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(bind_delay) => {}
+                if retry_bind_after(bind_delay, &cancel, &mut events).await {
+                    break;
                 }
                 bind_delay = (bind_delay * 2).min(Duration::from_secs(5));
                 continue;
@@ -203,18 +272,40 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
         let serving = CancellationToken::new();
         let server = tokio::spawn(serve(listener, service.clone(), serving.clone()));
 
-        let outcome = match register_until_done(&kubelet, &service, &cancel, &mut events, inode)
-            .await
-        {
-            Registration::Stopped => Restart::Stopped,
-            Registration::SocketGone => Restart::Kubelet,
-            Registration::Done => {
-                tracing::info!(resource = %resource.name, elapsed = ?started.elapsed(), "registered with kubelet");
-                service.status.registered(true);
-                let restart =
-                    wait_for_restart(&kubelet, &service, &cancel, &mut events, inode).await;
-                service.status.registered(false);
-                restart
+        let mut backoff = LossBackoff::default();
+        let outcome = loop {
+            // Streams opened from here on belong to this registration (kubelet may open one
+            // before its Register answer reaches us).
+            let before = service.streams.opened();
+            match register_until_done(&kubelet, &service, &cancel, &mut events, inode).await {
+                Registration::Stopped => break Restart::Stopped,
+                Registration::SocketGone => break Restart::Kubelet,
+                Registration::Done(dialed) => {
+                    tracing::info!(resource = %resource.name, elapsed = ?started.elapsed(), "registered with kubelet");
+                    let registered = Instant::now();
+                    service.status.registered(true);
+                    let restart = wait_for_restart(
+                        &kubelet,
+                        &service,
+                        &cancel,
+                        &mut events,
+                        inode,
+                        dialed,
+                        before,
+                    )
+                    .await;
+                    service.status.registered(false);
+                    let Restart::StreamLost = restart else {
+                        break restart;
+                    };
+                    service.status.stream_lost();
+                    let delay = backoff.next(registered.elapsed());
+                    tracing::warn!(resource = %resource.name, ?delay, "kubelet's ListAndWatch stream ended while it kept running; registering again");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break Restart::Stopped,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
             }
         };
         if let Restart::Stopped = outcome {
@@ -233,9 +324,38 @@ async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: Cancel
     tracing::info!(resource = %resource.name, "stopped");
 }
 
+/// Waits `delay` before binding again, or less when the plugin directory is created again (the
+/// watch then reports [`DirEvent::Overflow`]); true when the server was stopped meanwhile.
+async fn retry_bind_after(
+    delay: Duration,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+) -> bool {
+    let deadline = tokio::time::sleep(delay);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return true,
+            _ = &mut deadline => return false,
+            event = dir::next_event(events) => match event {
+                Some(DirEvent::Overflow) => return false,
+                // The watch is gone (the host is stopping): the deadline still holds.
+                None => {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return true,
+                        _ = &mut deadline => return false,
+                    }
+                }
+                Some(_) => {}
+            },
+        }
+    }
+}
+
 /// How a registration attempt ended.
 enum Registration {
-    Done,
+    /// Registered with the kubelet listening on the `kubelet.sock` of this inode.
+    Done(Option<u64>),
     /// kubelet cleaned the directory while we were starting: serve again.
     SocketGone,
     Stopped,
@@ -290,7 +410,7 @@ async fn register_until_done(
             };
             let Some(result) = result else { continue };
             match result {
-                Ok(()) => return Registration::Done,
+                Ok(()) => return Registration::Done(dialed),
                 Err(e) if !warned => {
                     tracing::warn!(resource = %resource.name, error = %e, "registration failed; retrying");
                     warned = true;
@@ -321,15 +441,20 @@ async fn register_until_done(
     }
 }
 
-/// After registering: waits for kubelet to restart or for a stop.
+/// After registering with the kubelet of `kubelet.sock` inode `dialed`: waits for kubelet to
+/// restart, for a stream opened after `before` to be lost, or for a stop.
 async fn wait_for_restart(
     kubelet: &Kubelet,
     service: &PluginService,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
     inode: u64,
+    dialed: Option<u64>,
+    before: u64,
 ) -> Restart {
     let resource = &service.resource;
+    let mut lost = service.streams.lost.subscribe();
+    let mut threshold = before;
     // Events queued before registration finished are history now.
     while events.try_recv().is_ok() {}
     loop {
@@ -338,6 +463,15 @@ async fn wait_for_restart(
         }
         let event = tokio::select! {
             _ = cancel.cancelled() => return Restart::Stopped,
+            ended = lost.wait_for(|n| *n > threshold) => {
+                // The same kubelet: it stopped the endpoint. Another one (or none): its
+                // restart is seen through the directory, as always.
+                if dialed.is_some() && socket_inode(&kubelet.socket) == dialed {
+                    return Restart::StreamLost;
+                }
+                threshold = ended.map(|n| *n).unwrap_or(u64::MAX);
+                continue;
+            }
             event = dir::next_event(events) => event,
         };
         match event {
@@ -396,6 +530,8 @@ struct PluginService {
     /// Cancelled when this socket stops serving; ends open streams.
     stop: CancellationToken,
     status: ResourceHandle,
+    /// kubelet's streams, shared by every socket the resource serves on.
+    streams: Arc<Streams>,
 }
 
 impl PluginService {
@@ -412,12 +548,18 @@ pub fn to_list(devices: &DeviceGroup) -> api::ListAndWatchResponse {
             .map(|(id, info)| api::Device {
                 id: id.clone(),
                 health: info.health.as_str().into(),
-                topology: info.numa_nodes.as_ref().map(|nodes| api::TopologyInfo {
-                    nodes: nodes
-                        .iter()
-                        .map(|&n| api::NumaNode { id: n.into() })
-                        .collect(),
-                }),
+                // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
+                // kubelet versions then never align it): no nodes is no topology.
+                topology: info
+                    .numa_nodes
+                    .as_ref()
+                    .filter(|n| !n.is_empty())
+                    .map(|nodes| api::TopologyInfo {
+                        nodes: nodes
+                            .iter()
+                            .map(|&n| api::NumaNode { id: n.into() })
+                            .collect(),
+                    }),
             })
             .collect(),
     }
@@ -444,13 +586,18 @@ impl DevicePlugin for PluginService {
         let mut rx = self.devices.clone();
         rx.mark_changed();
         let stop = self.stop.clone();
-        let stream = futures::stream::unfold((rx, stop), |(mut rx, stop)| async move {
+        let end = StreamEnd {
+            number: self.streams.opened.fetch_add(1, Ordering::SeqCst) + 1,
+            streams: self.streams.clone(),
+            stop: stop.clone(),
+        };
+        let stream = futures::stream::unfold((rx, stop, end), |(mut rx, stop, end)| async move {
             tokio::select! {
                 _ = stop.cancelled() => None,
                 changed = rx.changed() => match changed {
                     Ok(()) => {
                         let list = to_list(&rx.borrow_and_update());
-                        Some((Ok(list), (rx, stop)))
+                        Some((Ok(list), (rx, stop, end)))
                     }
                     // The server was dropped: its task unlinks the socket, then cancels `stop`.
                     // Ending only then means a stream's end always finds the socket gone.
@@ -479,36 +626,31 @@ impl DevicePlugin for PluginService {
                 allocation_size: u32::try_from(r.allocation_size).unwrap_or(0),
             })
             .collect();
+        // Advice only: kubelet allocates without it, so a failing hook must not fail the pod.
+        let resource = &self.resource.name;
         let answers = match hooks
             .preferred_allocation(&self.resource.dev_type, &requests)
             .await
         {
             None => return Err(not_advertised()),
-            Some(Err(e)) => return Err(hook_status(&self.resource, "get-preferred-allocation", e)),
-            Some(Ok(answers)) => answers,
+            Some(Ok(answers)) if answers.len() == requests.len() => Some(answers),
+            Some(Ok(answers)) => {
+                tracing::warn!(resource = %resource, answers = answers.len(), requests = requests.len(), "get-preferred-allocation hook answered the wrong number of containers; no preference");
+                None
+            }
+            Some(Err(e)) => {
+                tracing::warn!(resource = %resource, error = %e, "get-preferred-allocation hook failed; no preference");
+                None
+            }
         };
-        if answers.len() != requests.len() {
-            return Err(Status::internal(format!(
-                "{}: get-preferred-allocation hook returned {} answers for {} requests",
-                self.resource.name,
-                answers.len(),
-                requests.len()
-            )));
+        if answers.is_none() {
+            self.status.preferred_fallback();
         }
-        // Only ids kubelet offered count; kubelet fills any shortfall itself.
-        let container_responses = answers
-            .into_iter()
-            .zip(&requests)
-            .map(|(ids, request)| {
-                let mut chosen: Vec<String> = Vec::new();
-                for id in ids {
-                    if request.available_device_ids.contains(&id) && !chosen.contains(&id) {
-                        chosen.push(id);
-                    }
-                }
-                api::ContainerPreferredAllocationResponse {
-                    device_i_ds: chosen,
-                }
+        let mut answers = answers.map(Vec::into_iter);
+        let container_responses = requests
+            .iter()
+            .map(|request| api::ContainerPreferredAllocationResponse {
+                device_i_ds: preferred::answer(request, answers.as_mut().and_then(Iterator::next)),
             })
             .collect();
         Ok(Response::new(api::PreferredAllocationResponse {

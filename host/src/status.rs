@@ -481,6 +481,16 @@ impl ResourceHandle {
         self.metrics.allocated(elapsed, ok);
     }
 
+    /// A GetPreferredAllocation answered "no preference" because its hook failed.
+    pub fn preferred_fallback(&self) {
+        self.metrics.preferred_fallback();
+    }
+
+    /// kubelet's stream ended while it kept running: the resource registers again.
+    pub fn stream_lost(&self) {
+        self.metrics.stream_lost();
+    }
+
     /// The resource is no longer served: its entry and its metric series go.
     pub fn remove(&self) {
         let mut state = self.obs.state();

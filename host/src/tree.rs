@@ -384,13 +384,7 @@ pub fn is_normal_absolute_path(path: &str) -> bool {
 
 /// The name part of a Kubernetes extended resource name (kubelet's `IsQualifiedName`).
 pub(crate) fn is_dev_type(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    crate::kubelet::names::check_name_part(s).is_ok()
 }
 
 /// kubelet documents a 63 character limit for device ids and uses them only as keys (maps, its
@@ -402,19 +396,9 @@ fn is_device_id(s: &str) -> bool {
     !s.is_empty() && s.len() <= 63 && !s.chars().any(char::is_control)
 }
 
-/// A DNS subdomain (RFC 1123): lowercase labels of 1-63 characters, 253 in all.
+/// A DNS subdomain as Kubernetes checks one (apimachinery's `IsDNS1123Subdomain`).
 pub(crate) fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            let b = label.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
+    !s.is_empty() && crate::kubelet::names::is_dns1123_subdomain(s)
 }
 
 /// Kubernetes' annotation key rule (`IsQualifiedName`): `[prefix/]name`.

@@ -103,7 +103,7 @@ pub struct Seen {
     rx: mpsc::UnboundedReceiver<Observed>,
     latest: HashMap<String, Vec<String>>,
     health: HashMap<String, HashMap<String, String>>,
-    numa: HashMap<String, HashMap<String, Vec<i64>>>,
+    numa: HashMap<String, HashMap<String, Option<Vec<i64>>>>,
     ended: HashSet<String>,
     registrations: HashMap<String, usize>,
     stream_ends: HashMap<String, usize>,
@@ -141,7 +141,7 @@ impl Seen {
                 self.health.insert(resource.clone(), health.collect());
                 let numa = devices.iter().map(|d| {
                     let nodes = d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id));
-                    (d.id.clone(), nodes.into_iter().flatten().collect())
+                    (d.id.clone(), nodes.map(Iterator::collect))
                 });
                 self.numa.insert(resource.clone(), numa.collect());
                 let mut ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
@@ -198,12 +198,23 @@ impl Seen {
 
     /// The NUMA nodes kubelet was last told for device `id` of `resource` (empty: no topology).
     pub fn numa(&self, resource: &str, id: &str) -> Option<Vec<i64>> {
+        self.topology(resource, id).map(Option::unwrap_or_default)
+    }
+
+    /// The `topology` kubelet was last told for device `id` of `resource`: `Some(None)` when the
+    /// device was listed without one.
+    pub fn topology(&self, resource: &str, id: &str) -> Option<Option<Vec<i64>>> {
         self.numa.get(resource)?.get(id).cloned()
     }
 
     /// How many times `resource` registered so far (as far as events were consumed).
     pub fn registrations(&self, resource: &str) -> usize {
         self.registrations.get(resource).copied().unwrap_or(0)
+    }
+
+    /// Whether `resource`'s current stream has listed a device.
+    pub fn listed(&self, resource: &str) -> bool {
+        self.latest.get(resource).is_some_and(|ids| !ids.is_empty())
     }
 
     /// How many of `resource`'s ListAndWatch streams ended so far.

@@ -1321,7 +1321,8 @@ async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilitie
         "devices.wdp.dev/kvm=kvm-0"
     );
 
-    // SIGTERM, as kubelet stops the pod: a clean exit that leaves nothing behind.
+    // SIGTERM, as kubelet stops the pod: a clean exit that leaves no socket behind, and the
+    // CDI specs for the containers kubelet restarts before the next wdp is up.
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
@@ -1333,6 +1334,45 @@ async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilitie
         .unwrap();
     assert!(status.success(), "exit status {status}");
     assert_eq!(sockets(&plugins), ["kubelet.sock"]);
-    assert!(!spec.exists(), "CDI specs are removed on stop");
+    assert!(spec.exists(), "CDI specs outlive the process");
     kubelet.stop().await;
+}
+
+/// The version of `name` in a Cargo.lock's text (its first entry).
+fn locked(lock: &str, name: &str) -> String {
+    let entry = format!("name = \"{name}\"\nversion = \"");
+    let at = lock
+        .find(&entry)
+        .unwrap_or_else(|| panic!("{name} is not in Cargo.lock"));
+    let rest = &lock[at + entry.len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+/// What the image and every node run stays patchable: wasmtime on its 48 LTS line with patch
+/// releases allowed (`~48.0.8`, not `=`), the guest toolchains' WASI adapter taken from the
+/// locked wasmtime, an oci-client that does not log registry tokens (0.18), and `make audit`.
+#[test]
+fn dependencies_take_patch_releases_and_can_be_audited() {
+    let manifest = read("Cargo.toml");
+    for name in ["wasmtime", "wasmtime-wasi"] {
+        let line = manifest
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("{name} is not a workspace dependency"));
+        assert!(line.contains("version = \"~48.0."), "{line}");
+    }
+    let lock = read("Cargo.lock");
+    for name in ["wasmtime", "wasmtime-wasi"] {
+        assert!(locked(&lock, name).starts_with("48.0."), "{name}");
+    }
+    let oci = locked(&lock, "oci-client");
+    let minor: u32 = oci.split('.').nth(1).unwrap().parse().unwrap();
+    assert!(oci.starts_with("0.") && minor >= 18, "oci-client {oci}");
+    let setup = read("scripts/setup-toolchains.sh");
+    assert!(
+        setup.contains("ADAPTER_VERSION=$(awk") && setup.contains("Cargo.lock"),
+        "the adapter version follows Cargo.lock"
+    );
+    let make = read("Makefile");
+    assert!(make.contains("\naudit:\n") && make.contains("$(CARGO) audit"));
 }

@@ -266,12 +266,14 @@ async fn preferred_allocation_and_pre_start_are_served_when_exported() {
         .unwrap()
         .into_inner();
     assert_eq!(r.container_responses[0].device_i_ds, ["card2", "card0"]);
-    let e = client
+    // The hook refuses (3 of 1 available): only advice is lost, the call answers no preference.
+    let r = client
         .get_preferred_allocation(request(&["card0"], &[], 3))
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Internal);
-    assert!(e.message().contains("only 1 available"), "{}", e.message());
+        .unwrap()
+        .into_inner();
+    assert!(r.container_responses[0].device_i_ds.is_empty());
+    assert!(host.log().contains("only 1 available"), "{}", host.log());
 
     let pre_start = |ids: &[&str]| wdp::kubelet::api::PreStartContainerRequest {
         devices_ids: ids.iter().map(|s| s.to_string()).collect(),
@@ -433,6 +435,23 @@ async fn bad_config_fails_before_anything_starts() {
     assert!(err.contains("wdp.yaml"), "{err}");
     assert!(err.contains("scanners[0].limits.memory"), "{err}");
     assert!(sockets(&plugins).is_empty());
+
+    // A name kubelet refuses on every attempt is refused before anything starts.
+    let config = write_config(
+        &f,
+        &format!(
+            "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.kubernetes.io\n",
+            guest("kvm").display()
+        ),
+    );
+    let out = wdp_tests::wdp_run_to_exit(&f, &config);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("scanners[0].namespace: \"devices.kubernetes.io\": kubelet refuses")
+            && err.contains("kubernetes.io namespace"),
+        "{err}"
+    );
 
     // A post-allocator that is not a hook is refused by name, too.
     let config = write_config(

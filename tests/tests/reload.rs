@@ -264,6 +264,16 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
             config(&[a(), b_serial(), b_acm()]),
             format!("config {shown}: scanners[2].name: \"b\" is used by another scanner"),
         ),
+        // A namespace kubelet would refuse to register, on every attempt.
+        (
+            config(&[
+                a(),
+                generic("b", "requests.example.com", "acm", "/dev/ttyACM*"),
+            ]),
+            format!(
+                "config {shown}: scanners[1].namespace: \"requests.example.com\": kubelet refuses a resource name <namespace>/<dev-type> that starts with \"requests.\""
+            ),
+        ),
         // Passes the file checks, fails to compile: refused before b is stopped.
         (
             config(&[

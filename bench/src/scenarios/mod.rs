@@ -7,6 +7,7 @@
 //! | [`hotplug`] | `hotplug`, `poll`, `newtype` |
 //! | [`allocate`] | `allocate` |
 //! | [`restart`] | `restart` |
+//! | [`streamcut`] | `streamcut` |
 //! | [`startup`] | `startup` |
 //! | [`idle`] | `idle` |
 //! | [`bulk`] | `bulk` |
@@ -23,3 +24,4 @@ pub mod restart;
 pub mod shared;
 pub mod sizes;
 pub mod startup;
+pub mod streamcut;

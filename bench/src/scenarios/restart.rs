@@ -1,34 +1,28 @@
 //! kubelet restarts: kubelet deletes every socket in its plugin directory and comes back; the
 //! host must notice and register all its resources again.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
-use wdp_bench::fixtures::{demo_fixture, demo_resources};
 use wdp_bench::stats::human;
 
-use super::shared::{Ctx, expect, ms, plugin_dir};
+use super::shared::{Ctx, Demo, demo, expect, ms};
 use super::sizes::Sizes;
-use crate::e2e::{Jitter, kubelet};
+use crate::e2e::Jitter;
 use crate::report::{Report, Row};
 
 /// Restarts the stand-in under a host serving the demo configuration and times every
 /// resource's registration and first list.
 pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     println!("\n== kubelet restart -> the demo config's 10 resources registered again ==");
-    let (f, config) = demo_fixture();
-    let resources = demo_resources();
-    let dir = plugin_dir(&f);
-    let (mut kubelet, mut obs) = kubelet(&dir)?;
-    let host = ctx.start(&f, &config)?;
-    expect(
-        &mut obs,
-        &host,
-        "10 resources",
-        Duration::from_secs(30),
-        |o| o.all_listed(&resources),
-    )
-    .await?;
+    let Demo {
+        fixture: _fixture,
+        resources,
+        dir,
+        mut kubelet,
+        mut obs,
+        host,
+    } = demo(ctx).await?;
     let (mut registered, mut listed) = (Vec::new(), Vec::new());
     let mut jitter = Jitter::new();
     for _ in 0..sizes.restarts {

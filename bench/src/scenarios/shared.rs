@@ -7,9 +7,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use wdp_bench::fixtures::Fixture;
+use wdp::kubelet::standin::StandIn;
+use wdp_bench::fixtures::{BenchFixture, Fixture, demo_fixture, demo_resources};
 
-use crate::e2e::{Observer, RunOptions, WdpRun};
+use crate::e2e::{Observer, RunOptions, WdpRun, kubelet};
 
 /// Components from `--guests DIR` instead of this tree's build (for what-if runs).
 pub static GUESTS: OnceLock<PathBuf> = OnceLock::new();
@@ -47,6 +48,43 @@ impl Ctx {
             },
         )
     }
+}
+
+/// The demo configuration served to a stand-in, every resource listed: where the rows that
+/// disturb a running host's registrations start.
+pub struct Demo {
+    /// Holds the fixture's directory for as long as the host runs.
+    pub fixture: BenchFixture,
+    pub resources: Vec<String>,
+    pub dir: PathBuf,
+    pub kubelet: StandIn,
+    pub obs: Observer,
+    pub host: WdpRun,
+}
+
+/// Starts [`Demo`]: the stand-in first, then the host, then waits for all 10 lists.
+pub async fn demo(ctx: &Ctx) -> Result<Demo> {
+    let (fixture, config) = demo_fixture();
+    let resources = demo_resources();
+    let dir = plugin_dir(&fixture);
+    let (kubelet, mut obs) = kubelet(&dir)?;
+    let host = ctx.start(&fixture, &config)?;
+    expect(
+        &mut obs,
+        &host,
+        "10 resources",
+        Duration::from_secs(30),
+        |o| o.all_listed(&resources),
+    )
+    .await?;
+    Ok(Demo {
+        fixture,
+        resources,
+        dir,
+        kubelet,
+        obs,
+        host,
+    })
 }
 
 /// The fixture's kubelet plugin directory (the stand-in's and the host's sockets).

@@ -15,6 +15,8 @@ pub struct Sizes {
     pub allocate_calls: usize,
     /// kubelet restarts.
     pub restarts: usize,
+    /// ListAndWatch streams cut from the stand-in's side.
+    pub stream_cuts: usize,
     /// Warm starts of the host (after one cold start).
     pub starts: usize,
     /// The idle host's observation window.
@@ -42,6 +44,7 @@ impl Sizes {
             newtype_cycles: 20,
             allocate_calls: 2000,
             restarts: 30,
+            stream_cuts: 100,
             starts: 10,
             // From all listed: the start-up's 12 s, then two default 30 s safety rescans (the
             // first scans end just before all is listed: they come at 30 and 60 s; 8 s to spare).
@@ -63,6 +66,7 @@ impl Sizes {
             newtype_cycles: 3,
             allocate_calls: 200,
             restarts: 5,
+            stream_cuts: 10,
             starts: 3,
             idle: Duration::from_secs(15),
             bulk_devices: 10_000,

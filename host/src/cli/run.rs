@@ -271,9 +271,7 @@ async fn apply(fleet: &mut Fleet, plan: Plan, what: &str) {
     for name in diff.stops() {
         fleet.stop(name).await;
     }
-    for prepared in start {
-        fleet.start(prepared).await;
-    }
+    fleet.start_all(start).await;
     tracing::info!("{what}: {diff}");
 }
 

@@ -1,7 +1,10 @@
 //! Talking to kubelet: the Device Plugin API v1beta1 (`proto/`), Unix-socket transport, the
-//! device-plugin directory watcher, registration, and a kubelet stand-in for demos and tests.
+//! device-plugin directory watcher, registration, the resource-name rules kubelet applies, and a
+//! kubelet stand-in for demos and tests.
 
+pub mod checkpoint;
 pub mod dir;
+pub mod names;
 pub mod register;
 pub mod standin;
 pub mod transport;

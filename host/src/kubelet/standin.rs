@@ -1,14 +1,31 @@
 //! A kubelet stand-in, for `make demo` (`wdp kubelet`) and the integration tests.
 //!
-//! It does what kubelet's device manager does with plugins, over the real protocol:
-//! - on start, removes every socket in the plugin directory (kubelet's `CleanupPluginDirectory`),
-//!   which is how plugins learn that kubelet restarted, then listens on `kubelet.sock`;
-//! - inside `Register`: checks the version and resource name, dials the plugin's endpoint, calls
-//!   `GetDevicePluginOptions`, and only then answers;
-//! - then consumes `ListAndWatch`, one stream per registration, reporting every list.
+//! It does what kubelet's device manager does with plugins, over the real protocol, following
+//! kubelet's `pkg/kubelet/cm/devicemanager` (`manager.go`, `endpoint.go`,
+//! `plugin/v1beta1/{server,handler,client}.go`):
+//! - on start, removes every socket in the plugin directory and nothing else (kubelet's
+//!   `CleanupPluginDirectory`: its checkpoint and other files stay), which is how plugins learn
+//!   that kubelet restarted, then listens on `kubelet.sock`;
+//! - inside `Register`: checks the version and the resource name (kubelet's
+//!   `IsExtendedResourceName`, [`crate::kubelet::names`]), dials the plugin's endpoint (10 s, as
+//!   kubelet's `dial`), calls `GetDevicePluginOptions`, and only then answers;
+//! - then consumes `ListAndWatch`, one stream per registration, reporting every list. When a
+//!   stream ends while the stand-in runs, the resource's devices become unhealthy and its
+//!   endpoint is stopped (`PluginDisconnected`): calls on it fail until the plugin registers
+//!   again;
+//! - stopping closes every plugin connection and removes `kubelet.sock`; a crash
+//!   ([`StandIn::crash`]) leaves the socket file behind, as a killed kubelet does.
 //!
-//! What it sees is reported as [`Observed`] events; [`StandIn::allocate`] calls a plugin the way
-//! kubelet does at pod admission.
+//! - it keeps a checkpoint of allocations in the plugin directory ([`super::checkpoint`]): a
+//!   container it admitted is started and restarted from the cached Allocate answer without
+//!   asking the plugin again, also after the stand-in's own restart, when it requires the
+//!   container's devices to come back healthy; GetPreferredAllocation and PreStartContainer are
+//!   called only when the plugin advertised them, PreStartContainer with kubelet's 30 s.
+//!
+//! What it sees is reported as [`Observed`] events; [`StandIn::admit`] and
+//! [`StandIn::start_container`] are kubelet's pod admission and container start;
+//! [`StandIn::allocate`] is one bare Allocate call, refused on a stopped endpoint as kubelet
+//! refuses it.
 
 use std::collections::HashMap;
 use std::io;
@@ -28,7 +45,14 @@ use tonic::{Request, Response, Status};
 use super::api::device_plugin_client::DevicePluginClient;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{self, DevicePluginOptions, Empty, RegisterRequest};
-use super::{API_VERSION, KUBELET_SOCKET_NAME, transport};
+use super::checkpoint::Checkpoint;
+use super::{API_VERSION, KUBELET_SOCKET_NAME, names, transport};
+
+/// kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
+const PRE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// kubelet's `dial` gives a plugin's socket 10 s to answer.
+const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the stand-in saw, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,12 +112,29 @@ impl CurrentStreams {
 struct Plugin {
     client: DevicePluginClient<Channel>,
     options: DevicePluginOptions,
+    /// The number of this registration's stream.
+    stream: u64,
+    /// Ends this registration's stream from kubelet's side ([`StandIn::cut_stream`]).
+    cut: CancellationToken,
+    /// Set when its stream ended: kubelet's endpoint `stopTime`.
+    stopped: bool,
+    /// The devices of the stream's last list, by id: their health as kubelet keeps it.
+    health: HashMap<String, String>,
+}
+
+/// kubelet's `ErrEndpointStopped`.
+fn endpoint_stopped(resource: &str) -> Status {
+    Status::unavailable(format!("endpoint {resource} has been stopped"))
 }
 
 /// A running stand-in. [`StandIn::stop`] (or drop) ends it: the socket goes, streams close.
 pub struct StandIn {
     socket: PathBuf,
+    dir: PathBuf,
     plugins: Arc<Mutex<HashMap<String, Plugin>>>,
+    /// Allocations, kept in the plugin directory across restarts as kubelet keeps them.
+    checkpoint: Mutex<Checkpoint>,
+    allocate_calls: AtomicU64,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -132,10 +173,17 @@ impl StandIn {
                 tracing::error!(error = %e, "kubelet stand-in failed");
             }
         });
+        let checkpoint = Checkpoint::load(plugin_dir).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the checkpoint; starting without allocations");
+            Checkpoint::default()
+        });
         Ok((
             StandIn {
                 socket,
+                dir: plugin_dir.to_path_buf(),
                 plugins,
+                checkpoint: Mutex::new(checkpoint),
+                allocate_calls: AtomicU64::new(0),
                 cancel,
                 task: Some(task),
             },
@@ -165,15 +213,41 @@ impl StandIn {
         self.plugins().get(resource).map(|p| p.client.clone())
     }
 
+    /// Whether `resource`'s endpoint is stopped (its stream ended): kubelet then counts every
+    /// device unhealthy and calls nothing on it until the plugin registers again.
+    pub fn stopped(&self, resource: &str) -> Option<bool> {
+        self.plugins().get(resource).map(|p| p.stopped)
+    }
+
+    /// The health kubelet holds for `resource`'s device `id`: what the last list said, or
+    /// "Unhealthy" for every device once the endpoint stopped.
+    pub fn health(&self, resource: &str, id: &str) -> Option<String> {
+        self.plugins().get(resource)?.health.get(id).cloned()
+    }
+
+    /// Ends `resource`'s ListAndWatch stream from kubelet's side, as a failed connection does;
+    /// false when the resource is not registered.
+    pub fn cut_stream(&self, resource: &str) -> bool {
+        match self.plugins().get(resource) {
+            Some(p) => {
+                p.cut.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// One Allocate call for one container, as kubelet makes at pod admission.
     pub async fn allocate(
         &self,
         resource: &str,
         ids: &[&str],
     ) -> Result<api::AllocateResponse, Status> {
-        let mut client = self
-            .client(resource)
-            .ok_or_else(|| Status::not_found(format!("{resource} is not registered")))?;
+        let mut client = match self.plugins().get(resource) {
+            None => return Err(Status::not_found(format!("{resource} is not registered"))),
+            Some(p) if p.stopped => return Err(endpoint_stopped(resource)),
+            Some(p) => p.client.clone(),
+        };
         let request = api::AllocateRequest {
             container_requests: vec![api::ContainerAllocateRequest {
                 devices_ids: ids.iter().map(|s| s.to_string()).collect(),
@@ -182,13 +256,162 @@ impl StandIn {
         client.allocate(request).await.map(Response::into_inner)
     }
 
-    /// Stops serving (like kubelet going down): the socket is removed, streams are dropped.
-    pub async fn stop(mut self) {
+    /// Admits `container` of `pod` asking for `count` devices of `resource`, as kubelet's
+    /// `devicesToAllocate` and `allocateContainerResources` do. A container the checkpoint
+    /// already holds (kubelet re-admitting its pods after a restart) is not allocated again: the
+    /// resource must be registered and the container's devices healthy, and the cached answer
+    /// stays. Otherwise the stand-in takes healthy devices nobody holds (the plugin's preferred
+    /// ones first, when it advertises GetPreferredAllocation and there is a choice), makes one
+    /// Allocate call and checkpoints the answer.
+    pub async fn admit(
+        &self,
+        pod: &str,
+        container: &str,
+        resource: &str,
+        count: usize,
+    ) -> Result<api::ContainerAllocateResponse, Status> {
+        let cached = self.checkpoint().find(pod, container, resource);
+        let (mut client, options, healthy) = {
+            let plugins = self.plugins();
+            let Some(p) = plugins.get(resource) else {
+                return Err(Status::failed_precondition(format!(
+                    "cannot allocate unregistered device {resource}"
+                )));
+            };
+            let mut healthy: Vec<String> = p
+                .health
+                .iter()
+                .filter(|(_, h)| *h == "Healthy")
+                .map(|(id, _)| id.clone())
+                .collect();
+            healthy.sort();
+            (p.client.clone(), p.options, healthy)
+        };
+        if healthy.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )));
+        }
+        if let Some((ids, response)) = cached {
+            if !ids.iter().all(|id| healthy.contains(id)) {
+                return Err(Status::failed_precondition(format!(
+                    "previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}"
+                )));
+            }
+            return Ok(response);
+        }
+        let allocated = self.checkpoint().allocated(resource);
+        let available: Vec<String> = healthy
+            .into_iter()
+            .filter(|id| !allocated.contains(id))
+            .collect();
+        if available.len() < count {
+            return Err(Status::resource_exhausted(format!(
+                "requested number of devices unavailable for {resource}. Requested: {count}, Available: {}",
+                available.len()
+            )));
+        }
+        let mut chosen: Vec<String> = Vec::with_capacity(count);
+        if options.get_preferred_allocation_available && available.len() > count {
+            let request = api::PreferredAllocationRequest {
+                container_requests: vec![api::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available.clone(),
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: i32::try_from(count).unwrap_or(i32::MAX),
+                }],
+            };
+            let preferred = client.get_preferred_allocation(request).await?.into_inner();
+            let ids = preferred.container_responses.into_iter().next();
+            for id in ids.map(|r| r.device_i_ds).unwrap_or_default() {
+                if chosen.len() < count && available.contains(&id) && !chosen.contains(&id) {
+                    chosen.push(id);
+                }
+            }
+        }
+        for id in &available {
+            if chosen.len() < count && !chosen.contains(id) {
+                chosen.push(id.clone());
+            }
+        }
+        let request = api::AllocateRequest {
+            container_requests: vec![api::ContainerAllocateRequest {
+                devices_ids: chosen.clone(),
+            }],
+        };
+        self.allocate_calls.fetch_add(1, Ordering::Relaxed);
+        let answer = client.allocate(request).await?.into_inner();
+        let Some(response) = answer.container_responses.into_iter().next() else {
+            return Err(Status::internal(
+                "no containers return in allocation response",
+            ));
+        };
+        let mut checkpoint = self.checkpoint();
+        checkpoint.insert(pod, container, resource, &chosen, &response);
+        checkpoint
+            .save(&self.dir)
+            .map_err(|e| Status::internal(format!("cannot write the checkpoint: {e}")))?;
+        Ok(response)
+    }
+
+    /// Starts (or restarts) `container` of `pod`, as kubelet's `GetDeviceRunContainerOptions`:
+    /// PreStartContainer on its devices when the registered plugin asks for it (with kubelet's
+    /// 30 s deadline; refused on a stopped endpoint), then the cached answer for the runtime. No
+    /// Allocate call: the answer, CDI names included, comes from the checkpoint, also while no
+    /// plugin runs.
+    pub async fn start_container(
+        &self,
+        pod: &str,
+        container: &str,
+        resource: &str,
+    ) -> Result<api::ContainerAllocateResponse, Status> {
+        let Some((ids, response)) = self.checkpoint().find(pod, container, resource) else {
+            return Err(Status::failed_precondition(format!(
+                "no devices found allocated in local cache for pod {pod}, container {container}, resource {resource}"
+            )));
+        };
+        let plugin = self
+            .plugins()
+            .get(resource)
+            .map(|p| (p.client.clone(), p.options, p.stopped));
+        if let Some((mut client, options, stopped)) = plugin
+            && options.pre_start_required
+        {
+            if stopped {
+                return Err(endpoint_stopped(resource));
+            }
+            let mut request = Request::new(api::PreStartContainerRequest { devices_ids: ids });
+            request.set_timeout(PRE_START_TIMEOUT);
+            client.pre_start_container(request).await?;
+        }
+        Ok(response)
+    }
+
+    /// Allocate calls this stand-in made so far (kubelet makes none for a container it has
+    /// checkpointed).
+    pub fn allocate_calls(&self) -> u64 {
+        self.allocate_calls.load(Ordering::Relaxed)
+    }
+
+    fn checkpoint(&self) -> std::sync::MutexGuard<'_, Checkpoint> {
+        self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops serving (like kubelet going down): plugin connections are closed, the socket is
+    /// removed.
+    pub async fn stop(self) {
+        let socket = self.socket.clone();
+        self.crash().await;
+        let _ = std::fs::remove_file(&socket);
+    }
+
+    /// Ends like a killed kubelet: connections drop, and `kubelet.sock` stays behind, stale,
+    /// until the next kubelet's cleanup.
+    pub async fn crash(mut self) {
         self.cancel.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        let _ = std::fs::remove_file(&self.socket);
+        self.plugins().clear();
     }
 
     fn plugins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Plugin>> {
@@ -230,21 +453,17 @@ impl Registration for RegistrationService {
                 req.version
             )));
         }
-        if !is_extended_resource_name(&req.resource_name) {
+        if let Err(rule) = names::check_resource_name(&req.resource_name) {
             return Err(Status::invalid_argument(format!(
-                "the ResourceName {:?} is invalid",
+                "the ResourceName {:?} is invalid: it {rule}",
                 req.resource_name
             )));
         }
-        if req.endpoint.is_empty() || req.endpoint.contains('/') {
-            return Err(Status::invalid_argument(format!(
-                "endpoint {:?} must be a file name in the plugin directory",
-                req.endpoint
-            )));
-        }
-        // Like kubelet: dial back and ask the options before answering.
-        let channel = transport::connect(&self.plugin_dir.join(&req.endpoint))
+        // Like kubelet: dial back (within 10 s) and ask the options before answering.
+        let endpoint = self.plugin_dir.join(&req.endpoint);
+        let channel = tokio::time::timeout(DIAL_TIMEOUT, transport::connect(&endpoint))
             .await
+            .map_err(|_| Status::unavailable("failed to dial device plugin: timed out"))?
             .map_err(|e| Status::unavailable(format!("failed to dial device plugin: {e}")))?;
         let mut client = DevicePluginClient::new(channel);
         let options = client
@@ -252,6 +471,8 @@ impl Registration for RegistrationService {
             .await
             .map_err(|e| Status::unavailable(format!("failed to get device plugin options: {e}")))?
             .into_inner();
+        let stream = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
+        let cut = self.cancel.child_token();
         self.plugins
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -260,6 +481,10 @@ impl Registration for RegistrationService {
                 Plugin {
                     client: client.clone(),
                     options,
+                    stream,
+                    cut: cut.clone(),
+                    stopped: false,
+                    health: HashMap::new(),
                 },
             );
         let _ = self.observed.send(Observed::Registered {
@@ -270,35 +495,57 @@ impl Registration for RegistrationService {
         tokio::spawn(watch(
             client,
             req.resource_name,
-            self.streams.fetch_add(1, Ordering::Relaxed) + 1,
+            stream,
+            self.plugins.clone(),
             self.observed.clone(),
-            self.cancel.clone(),
+            (self.cancel.clone(), cut),
         ));
         Ok(Response::new(Empty {}))
     }
 }
 
-/// Consumes one ListAndWatch stream until it ends or the stand-in stops.
+/// Consumes one ListAndWatch stream until it ends, is cut, or the stand-in stops. The end of a
+/// stream while the stand-in runs stops the endpoint, as kubelet's `PluginDisconnected` does.
 async fn watch(
     mut client: DevicePluginClient<Channel>,
     resource: String,
     stream_number: u64,
+    plugins: Arc<Mutex<HashMap<String, Plugin>>>,
     observed: mpsc::UnboundedSender<Observed>,
-    cancel: CancellationToken,
+    (cancel, cut): (CancellationToken, CancellationToken),
 ) {
+    let plugin = |f: &mut dyn FnMut(&mut Plugin)| {
+        let mut plugins = plugins.lock().unwrap_or_else(|p| p.into_inner());
+        // Another registration of the resource overtook this stream: it is not this one's.
+        if let Some(p) = plugins
+            .get_mut(&resource)
+            .filter(|p| p.stream == stream_number)
+        {
+            f(p);
+        }
+    };
     let stream = tokio::select! {
         _ = cancel.cancelled() => return,
-        s = client.list_and_watch(Empty {}) => s,
+        _ = cut.cancelled() => None,
+        s = client.list_and_watch(Empty {}) => s.ok(),
     };
-    if let Ok(stream) = stream {
+    if let Some(stream) = stream {
         let mut stream = stream.into_inner();
         loop {
             let message = tokio::select! {
                 _ = cancel.cancelled() => return,
+                _ = cut.cancelled() => break,
                 m = stream.message() => m,
             };
             match message {
                 Ok(Some(list)) => {
+                    plugin(&mut |p| {
+                        p.health = list
+                            .devices
+                            .iter()
+                            .map(|d| (d.id.clone(), d.health.clone()))
+                            .collect();
+                    });
                     let _ = observed.send(Observed::Devices {
                         resource: resource.clone(),
                         stream: stream_number,
@@ -309,22 +556,14 @@ async fn watch(
             }
         }
     }
+    plugin(&mut |p| {
+        p.stopped = true;
+        p.health.values_mut().for_each(|h| *h = "Unhealthy".into());
+    });
     let _ = observed.send(Observed::StreamEnded {
         resource,
         stream: stream_number,
     });
-}
-
-/// kubelet's extended-resource-name check: `<dns-subdomain>/<name>`, not under kubernetes.io.
-fn is_extended_resource_name(name: &str) -> bool {
-    let Some((prefix, rest)) = name.split_once('/') else {
-        return false;
-    };
-    !prefix.is_empty()
-        && prefix.len() <= 253
-        && !name.contains("kubernetes.io/")
-        && !name.starts_with("requests.")
-        && crate::tree::is_dev_type(rest)
 }
 
 #[cfg(test)]
