@@ -1,5 +1,6 @@
 # wdp: WebAssembly device plugins.
-#   make demo   build everything and serve this machine's devices to a kubelet stand-in
+#   make demo   build the wdp binary and the Rust guests, serve this machine's devices to a kubelet
+#               stand-in
 #   make test   build everything, check formatting and lints, run every test
 # Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
 # guest toolchains: scripts/setup-toolchains.sh) on a fresh machine.
@@ -20,7 +21,7 @@ C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-l
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests host test test-lang-units lint proto fuzz demo bench clean
+.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests host wdp test test-lang-units lint proto fuzz demo bench clean
 
 all: build
 
@@ -70,6 +71,12 @@ host:
 
 build: guests host
 
+## wdp: the wdp binary alone (dev profile), what `make demo` runs. Its dependencies carry the
+## features the test targets add, and proc-macros the test targets' debug info (Cargo.toml: beside
+## tokio, and `[profile.dev.build-override]`), so the `make host` after it reuses every unit.
+wdp:
+	$(CARGO) build --locked -p wdp --bin wdp
+
 ## lint: formatting and clippy, host and guest workspaces
 lint: setup
 	$(CARGO) fmt --all --check
@@ -103,8 +110,8 @@ fuzz:
 	WDP_FUZZ_CASES=$(FUZZ_CASES) $(if $(FUZZ_SEED),WDP_FUZZ_SEED=$(FUZZ_SEED)) $(CARGO) test --locked -p wdp --lib fuzz
 
 ## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in (the bundled
-## Rust scanners: no other toolchain is installed for it)
-demo: rust-guests host
+## Rust scanners: no other toolchain is installed for it); builds only the binary and the guests
+demo: rust-guests wdp
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
 
 ## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
