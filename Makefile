@@ -115,18 +115,22 @@ demo: rust-guests wdp
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
 
 ## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
-## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native)
-## and the criterion micro-benchmarks; writes bench/RESULTS.md. Runs as root (fixture device
-## nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
+## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native,
+## a peer built on k8s-device-plugin-lib beside wdp) and the criterion micro-benchmarks; writes
+## bench/RESULTS.md. Runs as root (fixture device nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
 ## bench/NOTES.md); the guests are built by the host build (tests/build.rs), in its parallelism.
 ## BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
 BENCH_ARGS ?=
+# The peer of the `peer` rows: a plugin on crates.io's k8s-device-plugin-lib 0.2.0, in a workspace
+# of its own (no other target builds it). The crate declares rust-version 1.98 and builds on 1.95.
+PEER_MANIFEST := bench/peer/Cargo.toml
 bench:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	@mkdir -p target/perf
 	@start=$$(date +%s); \
 	$(CARGO) build --locked --profile perf -p wdp -p wdp-bench --bin wdp --bin wdp-bench --bench micro && \
 	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
+	$(CARGO) build --manifest-path $(PEER_MANIFEST) --locked --profile perf --ignore-rust-version --target-dir target/peer && \
 	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
 	CARGO=$(CARGO) target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
 

@@ -12,7 +12,7 @@
 //!           [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
-//! Rows: hotplug, poll, newtype, allocate, restart, startup, idle, bulk, wasm, and micro (the
+//! Rows: hotplug, poll, newtype, allocate, restart, startup, idle, bulk, wasm, peer, and micro (the
 //! criterion benchmarks, through `cargo bench`). Each is measured by a module of [`scenarios`];
 //! this file parses the arguments, runs the selected rows in order and writes the report.
 
@@ -29,7 +29,7 @@ use clap::Parser;
 use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
 use scenarios::sizes::Sizes;
-use scenarios::{allocate, bulk, hotplug, idle, micro, native, restart, startup};
+use scenarios::{allocate, bulk, hotplug, idle, micro, native, peer, restart, startup};
 use wdp_bench::fixtures;
 
 /// Measures wdp against the targets of its performance issue on this machine and writes
@@ -87,8 +87,9 @@ struct Args {
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
-const ROWS: [&str; 10] = [
-    "hotplug", "poll", "newtype", "allocate", "restart", "startup", "idle", "bulk", "wasm", "micro",
+const ROWS: [&str; 11] = [
+    "hotplug", "poll", "newtype", "allocate", "restart", "startup", "idle", "bulk", "wasm", "peer",
+    "micro",
 ];
 
 impl Args {
@@ -189,6 +190,9 @@ async fn main() -> Result<()> {
     }
     if args.runs("wasm") {
         native::run(&sizes, &mut report).await?;
+    }
+    if args.runs("peer") {
+        peer::run(&ctx, &sizes, &mut report).await?;
     }
     report.hotplug_ratio();
     report.read_criterion(&root.join(&args.criterion));
