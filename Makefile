@@ -1,5 +1,6 @@
 # wdp: WebAssembly device plugins.
-#   make demo   build everything and serve this machine's devices to a kubelet stand-in
+#   make demo   build the wdp binary and the Rust guests, serve this machine's devices to a kubelet
+#               stand-in
 #   make test   build everything, check formatting and lints, run every test
 # Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
 # guest toolchains: scripts/setup-toolchains.sh) on a fresh machine.
@@ -24,7 +25,7 @@ TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests wit-package host test test-lang-units lint proto fuzz demo bench soak audit clean
+.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
 
 all: build
 
@@ -81,6 +82,12 @@ host:
 
 build: guests wit-package host
 
+## wdp: the wdp binary alone (dev profile), what `make demo` runs. Its dependencies carry the
+## features the test targets add, and proc-macros the test targets' debug info (Cargo.toml: beside
+## tokio, and `[profile.dev.build-override]`), so the `make host` after it reuses every unit.
+wdp:
+	$(CARGO) build --locked -p wdp --bin wdp
+
 ## lint: formatting and clippy, host and guest workspaces
 lint: setup
 	$(CARGO) fmt --all --check
@@ -114,23 +121,27 @@ fuzz:
 	WDP_FUZZ_CASES=$(FUZZ_CASES) $(if $(FUZZ_SEED),WDP_FUZZ_SEED=$(FUZZ_SEED)) $(CARGO) test --locked -p wdp --lib fuzz
 
 ## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in (the bundled
-## Rust scanners: no other toolchain is installed for it)
-demo: rust-guests host
+## Rust scanners: no other toolchain is installed for it); builds only the binary and the guests
+demo: rust-guests wdp
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
 
 ## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
-## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native)
-## and the criterion micro-benchmarks; writes bench/RESULTS.md. Runs as root (fixture device
-## nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
+## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native,
+## a peer built on k8s-device-plugin-lib beside wdp) and the criterion micro-benchmarks; writes
+## bench/RESULTS.md. Runs as root (fixture device nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
 ## bench/NOTES.md); the guests are built by the host build (tests/build.rs), in its parallelism.
 ## BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
 BENCH_ARGS ?=
+# The peer of the `peer` rows: a plugin on crates.io's k8s-device-plugin-lib 0.2.0, in a workspace
+# of its own (no other target builds it). The crate declares rust-version 1.98 and builds on 1.95.
+PEER_MANIFEST := bench/peer/Cargo.toml
 bench:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	@mkdir -p target/perf
 	@start=$$(date +%s); \
 	$(CARGO) build --locked --profile perf -p wdp -p wdp-bench --bin wdp --bin wdp-bench --bench micro && \
 	$(CARGO) build --manifest-path $(GUEST_MANIFEST) --release --locked --target-dir $(GUEST_TARGET_DIR) -p generic-native && \
+	$(CARGO) build --manifest-path $(PEER_MANIFEST) --locked --profile perf --ignore-rust-version --target-dir target/peer && \
 	echo $$(( $$(date +%s) - start )) > target/perf/bench-build-seconds
 	CARGO=$(CARGO) target/perf/wdp-bench --criterion target/criterion --build-seconds $$(cat target/perf/bench-build-seconds) $(BENCH_ARGS)
 

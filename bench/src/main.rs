@@ -12,9 +12,10 @@
 //!           [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
-//! Rows: hotplug, poll, newtype, allocate, restart, streamcut, startup, idle, bulk, wasm, and micro (the
-//! criterion benchmarks, through `cargo bench`). Each is measured by a module of [`scenarios`];
-//! this file parses the arguments, runs the selected rows in order and writes the report.
+//! Rows: hotplug, poll, newtype, allocate, restart, streamcut, startup, idle, bulk, wasm, peer, and
+//! micro (the criterion benchmarks, through `cargo bench`). Each is measured by a module of
+//! [`scenarios`]; this file parses the arguments, runs the selected rows in order and writes the
+//! report.
 
 mod e2e;
 mod report;
@@ -29,7 +30,7 @@ use clap::Parser;
 use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
 use scenarios::sizes::Sizes;
-use scenarios::{allocate, bulk, hotplug, idle, micro, native, restart, startup, streamcut};
+use scenarios::{allocate, bulk, hotplug, idle, micro, native, peer, restart, startup, streamcut};
 use wdp_bench::fixtures;
 
 /// Measures wdp against the targets of its performance issue on this machine and writes
@@ -87,7 +88,7 @@ struct Args {
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
-const ROWS: [&str; 11] = [
+const ROWS: [&str; 12] = [
     "hotplug",
     "poll",
     "newtype",
@@ -98,6 +99,7 @@ const ROWS: [&str; 11] = [
     "idle",
     "bulk",
     "wasm",
+    "peer",
     "micro",
 ];
 
@@ -202,6 +204,9 @@ async fn main() -> Result<()> {
     }
     if args.runs("wasm") {
         native::run(&sizes, &mut report).await?;
+    }
+    if args.runs("peer") {
+        peer::run(&ctx, &sizes, &mut report).await?;
     }
     report.hotplug_ratio();
     report.read_criterion(&root.join(&args.criterion));

@@ -12,6 +12,7 @@
 //! | [`idle`] | `idle` |
 //! | [`bulk`] | `bulk` |
 //! | [`native`] | `wasm` |
+//! | [`peer`] | `peer` (k8s-device-plugin-lib beside wdp) |
 //! | [`micro`] | `micro` (criterion, beside the idle row) |
 
 pub mod allocate;
@@ -20,6 +21,7 @@ pub mod hotplug;
 pub mod idle;
 pub mod micro;
 pub mod native;
+pub mod peer;
 pub mod restart;
 pub mod shared;
 pub mod sizes;
