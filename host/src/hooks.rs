@@ -22,7 +22,7 @@ use crate::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
 use crate::sandbox::bindings::pre_starter::PreStarterPluginPre;
 use crate::sandbox::bindings::preferred_allocator::PreferredAllocatorPluginPre;
 use crate::sandbox::bindings::types as wit;
-use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError};
+use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped};
 use crate::scanner::describe;
 
 /// The longest a `pre-start-container` call may run: kubelet's 30 s deadline for the whole
@@ -205,6 +205,11 @@ impl Hooks {
         let _running = self.sandbox.clock().running();
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),
+            // The CPU budget is as long as the deadline: a hook that spins meets whichever
+            // fires first, and either way it ran out of its time.
+            Ok(Err(e)) if matches!(e.downcast_ref::<Stopped>(), Some(Stopped::CpuBudget(_))) => {
+                Err(HookError::Timeout(deadline))
+            }
             Ok(Err(e)) => Err(HookError::Failed(describe(&e))),
             Ok(Ok(Err(message))) => Err(HookError::Guest(message)),
             Ok(Ok(Ok(value))) => Ok(value),
