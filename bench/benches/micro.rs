@@ -162,8 +162,8 @@ fn hook_engine(pooling: bool) -> wasmtime::Engine {
 /// What the Allocate path pays per hooked call (hooks.rs: a fresh store and instance per call),
 /// with the host's on-demand allocator and with wasmtime's pooling allocator.
 fn hook_instantiation(c: &mut Criterion) {
-    use wdp::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
-    use wdp::sandbox::bindings::types as wit;
+    use wdp::bindings::post_allocator::PostAllocatorPluginPre;
+    use wdp::bindings::types as wit;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::bindings::types as wit;
 use crate::kubelet::api;
-use crate::sandbox::bindings::types as wit;
 use crate::tree::{self, DeviceGroup, DeviceSpec, Health, Mount, TreeError};
 
 /// What one container receives.

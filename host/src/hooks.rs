@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use wasmtime::Store;
 
+use crate::bindings::post_allocator::PostAllocatorPluginPre;
+use crate::bindings::pre_starter::PreStarterPluginPre;
+use crate::bindings::preferred_allocator::PreferredAllocatorPluginPre;
+use crate::bindings::types as wit;
 use crate::kubelet::api;
 use crate::metrics::Hook;
-use crate::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
-use crate::sandbox::bindings::pre_starter::PreStarterPluginPre;
-use crate::sandbox::bindings::preferred_allocator::PreferredAllocatorPluginPre;
-use crate::sandbox::bindings::types as wit;
 use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped};
 use crate::scanner::describe;
 

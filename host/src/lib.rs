@@ -5,6 +5,7 @@
 //! it ([`tree`]) and serves it to kubelet.
 
 pub mod allocate;
+pub mod bindings;
 pub mod cdi;
 pub mod cli;
 pub mod config;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 
 use crate::allocate::ContainerResponse;
-use crate::sandbox::bindings::types as wit;
+use crate::bindings::types as wit;
 use crate::sandbox::devfs::DevFs;
 use crate::tree::{DeviceTree, Health, Mount, TreeError};
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use wasmtime::Trap;
 
-use crate::sandbox::bindings::scanner::ScannerPluginPre;
+use crate::bindings::scanner::ScannerPluginPre;
 use crate::sandbox::{GuestSpec, GuestState, Sandbox, Stopped};
 use crate::tree::{DeviceTree, TreeError};
 

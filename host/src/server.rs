@@ -30,13 +30,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::allocate::{self, AllocateError, ContainerResponse};
+use crate::bindings::types as wit;
 use crate::hooks::{HookError, Hooks};
 use crate::kubelet::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use crate::kubelet::api::{self, DevicePluginOptions};
 use crate::kubelet::dir::{self, DirEvent, PluginDir};
 use crate::kubelet::register;
 use crate::preferred;
-use crate::sandbox::bindings::types as wit;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
 

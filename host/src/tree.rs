@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::sandbox::bindings::types as wit;
+use crate::bindings::types as wit;
 
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

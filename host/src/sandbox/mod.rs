@@ -8,7 +8,6 @@
 //! - stdout/stderr as rate-limited log lines ([`output`]);
 //! - a memory cap, a CPU budget enforced with epoch interruption, and a deadline on hook calls.
 
-pub mod bindings;
 pub mod compile_cache;
 pub mod devfs;
 mod engine;
@@ -35,6 +34,7 @@ pub use state::{CpuBudget, GuestState, Stopped};
 use self::devfs::DevFs;
 use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
+use crate::bindings;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
 use crate::topology::Topology;

@@ -13,9 +13,9 @@ use wasmtime::UpdateDeadline;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{devfs, notifier, types};
 use super::devfs::{DevFs, Node, NodeKind};
 use super::engine::TICK;
+use crate::bindings::{devfs, notifier, types};
 use crate::metrics::ScannerMetrics;
 use crate::scanner::ScannerEvent;
 

@@ -1,4 +1,6 @@
-//! Host bindings for the `wdp:device-plugin` worlds (`wit/`).
+//! Host bindings for the `wdp:device-plugin` worlds (`wit/`): the types every stage of the data
+//! path speaks, in a module of their own so that each stage (sandbox, validation, allocation,
+//! servers) imports them from here and none imports another stage just for its types.
 //!
 //! Each world gets its own `bindgen!` so a component is checked only against the exports it
 //! claims (a scanner need not export `post-allocator`); the interfaces are generated once, in the
