@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::cdi::{CdiConfig, CdiFormat};
-use crate::kubelet::names;
+use crate::names;
 use crate::policy::Policy;
 use crate::sandbox::GuestLimits;
 use crate::tree::{is_env_name, is_normal_absolute_path};

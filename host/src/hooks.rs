@@ -22,8 +22,9 @@ use crate::bindings::preferred_allocator::PreferredAllocatorPluginPre;
 use crate::bindings::types as wit;
 use crate::kubelet::api;
 use crate::metrics::Hook;
-use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped};
-use crate::scanner::describe;
+use crate::sandbox::{
+    GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
+};
 
 /// The longest a `pre-start-container` call may run: kubelet's 30 s deadline for the whole
 /// PreStartContainer call, less room for instantiation, the gRPC round trip and a loaded node.

@@ -18,6 +18,7 @@ pub mod http;
 pub mod kubelet;
 pub mod manager;
 pub mod metrics;
+pub mod names;
 pub mod oci;
 pub mod policy;
 pub mod preferred;

@@ -15,8 +15,9 @@ use tokio::sync::mpsc;
 
 use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::hooks::Hooks;
+use crate::names::Resource;
 use crate::scanner::ScannerEvent;
-use crate::server::{Kubelet, Resource, ResourceServer};
+use crate::server::{Kubelet, ResourceServer};
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceGroup, DeviceTree};
 

@@ -11,10 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use wasmtime::Trap;
 
 use crate::bindings::scanner::ScannerPluginPre;
-use crate::sandbox::{GuestSpec, GuestState, Sandbox, Stopped};
+use crate::sandbox::{GuestSpec, GuestState, Sandbox, describe};
 use crate::tree::{DeviceTree, TreeError};
 
 /// What happens after a scanner fails.
@@ -137,31 +136,4 @@ async fn run_once(
             Err(cause)
         }
     }
-}
-
-/// Turns a wasmtime error into a cause an operator can act on.
-pub fn describe(error: &wasmtime::Error) -> String {
-    if let Some(stopped) = error.downcast_ref::<Stopped>() {
-        return match stopped {
-            Stopped::Memory { .. } | Stopped::Table { .. } => stopped.to_string(),
-            _ => format!("stopped by the host: {stopped}"),
-        };
-    }
-    match error.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".into(),
-        // Rust guests panic by trapping on `unreachable`, after printing the panic to stderr.
-        Some(Trap::UnreachableCodeReached) => {
-            "trapped: unreachable instruction (a Rust guest panicked?)".into()
-        }
-        // Rust guests keep their stack in linear memory: overflowing it lands out of bounds.
-        Some(Trap::MemoryOutOfBounds) => {
-            "trapped: out-of-bounds memory access (a stack overflow in the guest?)".into()
-        }
-        Some(trap) => format!("trapped: {trap}"),
-        None => first_line(&format!("{error:?}")),
-    }
-}
-
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or(text).to_string()
 }

@@ -36,12 +36,10 @@ use crate::kubelet::api::device_plugin_server::{DevicePlugin, DevicePluginServer
 use crate::kubelet::api::{self, DevicePluginOptions};
 use crate::kubelet::dir::{self, DirEvent, PluginDir};
 use crate::kubelet::register;
+use crate::names::Resource;
 use crate::preferred;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
-
-/// Longest socket path Linux accepts (`sun_path` is 108 bytes, including the NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Where kubelet is and where plugin sockets go; shared by every server of a host.
 pub struct Kubelet {
@@ -53,52 +51,6 @@ impl Kubelet {
     /// True when `name`, a file in the plugin directory, is kubelet's registration socket.
     fn is_socket(&self, name: &str) -> bool {
         self.socket.file_name().is_some_and(|n| n == name)
-    }
-}
-
-/// A resource's names, derived once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resource {
-    /// `<namespace>/<dev-type>`, what pods request.
-    pub name: String,
-    pub dev_type: String,
-    /// The socket's file name, `<namespace>-<dev-type>.sock`, sent to kubelet as the endpoint.
-    pub endpoint: String,
-    /// The socket's full path.
-    pub socket: PathBuf,
-}
-
-/// A resource whose socket path would not fit in a Unix socket address.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "socket path {path} for {resource} is {len} bytes; Unix sockets allow {MAX_SOCKET_PATH}: use a shorter namespace, dev-type or plugin directory"
-)]
-pub struct SocketTooLong {
-    pub resource: String,
-    pub path: String,
-    pub len: usize,
-}
-
-impl Resource {
-    /// Names the resource `namespace/dev_type`, served in `plugin_dir`.
-    pub fn new(namespace: &str, dev_type: &str, plugin_dir: &Path) -> Result<Self, SocketTooLong> {
-        let name = format!("{namespace}/{dev_type}");
-        let endpoint = format!("{namespace}-{dev_type}.sock");
-        let socket = plugin_dir.join(&endpoint);
-        let len = socket.as_os_str().len();
-        if len > MAX_SOCKET_PATH {
-            return Err(SocketTooLong {
-                resource: name,
-                path: socket.display().to_string(),
-                len,
-            });
-        }
-        Ok(Resource {
-            name,
-            dev_type: dev_type.into(),
-            endpoint,
-            socket,
-        })
     }
 }
 

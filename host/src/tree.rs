@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::bindings::types as wit;
+use crate::names::is_dev_type;
 
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -382,11 +383,6 @@ pub fn is_normal_absolute_path(path: &str) -> bool {
             .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
-/// The name part of a Kubernetes extended resource name (kubelet's `IsQualifiedName`).
-pub(crate) fn is_dev_type(s: &str) -> bool {
-    crate::kubelet::names::check_name_part(s).is_ok()
-}
-
 /// kubelet documents a 63 character limit for device ids and uses them only as keys (maps, its
 /// checkpoint's JSON), so any printable text fits: Intel's DLB plugin uses node paths
 /// (`/dev/dlb0`). Control characters are refused because ids end up in logs and `wdp status`.
@@ -398,7 +394,7 @@ fn is_device_id(s: &str) -> bool {
 
 /// A DNS subdomain as Kubernetes checks one (apimachinery's `IsDNS1123Subdomain`).
 pub(crate) fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && crate::kubelet::names::is_dns1123_subdomain(s)
+    !s.is_empty() && crate::names::is_dns1123_subdomain(s)
 }
 
 /// Kubernetes' annotation key rule (`IsQualifiedName`): `[prefix/]name`.

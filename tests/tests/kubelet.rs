@@ -553,7 +553,7 @@ mod manager {
         let mut m = Manager::new("t".into(), long_ns, k, None, Arc::default());
         m.apply(&tree(&[&"b".repeat(60)]));
         assert!(m.served().is_empty());
-        let e = wdp::server::Resource::new("ns.example.com", &"b".repeat(120), &plugins)
+        let e = wdp::names::Resource::new("ns.example.com", &"b".repeat(120), &plugins)
             .unwrap_err()
             .to_string();
         assert!(e.contains("Unix sockets allow 107"), "{e}");

@@ -4,7 +4,6 @@
 
 pub mod checkpoint;
 pub mod dir;
-pub mod names;
 pub mod register;
 pub mod standin;
 pub mod transport;

@@ -7,7 +7,7 @@
 //!   `CleanupPluginDirectory`: its checkpoint and other files stay), which is how plugins learn
 //!   that kubelet restarted, then listens on `kubelet.sock`;
 //! - inside `Register`: checks the version and the resource name (kubelet's
-//!   `IsExtendedResourceName`, [`crate::kubelet::names`]), dials the plugin's endpoint (10 s, as
+//!   `IsExtendedResourceName`, [`crate::names`]), dials the plugin's endpoint (10 s, as
 //!   kubelet's `dial`), calls `GetDevicePluginOptions`, and only then answers;
 //! - then consumes `ListAndWatch`, one stream per registration, reporting every list. When a
 //!   stream ends while the stand-in runs, the resource's devices become unhealthy and its
@@ -46,7 +46,8 @@ use super::api::device_plugin_client::DevicePluginClient;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{self, DevicePluginOptions, Empty, RegisterRequest};
 use super::checkpoint::Checkpoint;
-use super::{API_VERSION, KUBELET_SOCKET_NAME, names, transport};
+use super::{API_VERSION, KUBELET_SOCKET_NAME, transport};
+use crate::names;
 
 /// kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
 const PRE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

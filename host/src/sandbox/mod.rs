@@ -29,7 +29,7 @@ use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use engine::{Clock, Running, TICK};
-pub use state::{CpuBudget, GuestState, Stopped};
+pub use state::{CpuBudget, GuestState, Stopped, describe};
 
 use self::devfs::DevFs;
 use self::output::{GuestOutput, Stream};

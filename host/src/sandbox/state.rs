@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
-use wasmtime::UpdateDeadline;
 use wasmtime::component::ResourceTable;
+use wasmtime::{Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::devfs::{DevFs, Node, NodeKind};
@@ -30,6 +30,33 @@ pub enum Stopped {
     Table { limit: usize },
     #[error("the host stopped listening for its trees")]
     SinkClosed,
+}
+
+/// Turns a wasmtime error into a cause an operator can act on.
+pub fn describe(error: &wasmtime::Error) -> String {
+    if let Some(stopped) = error.downcast_ref::<Stopped>() {
+        return match stopped {
+            Stopped::Memory { .. } | Stopped::Table { .. } => stopped.to_string(),
+            _ => format!("stopped by the host: {stopped}"),
+        };
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".into(),
+        // Rust guests panic by trapping on `unreachable`, after printing the panic to stderr.
+        Some(Trap::UnreachableCodeReached) => {
+            "trapped: unreachable instruction (a Rust guest panicked?)".into()
+        }
+        // Rust guests keep their stack in linear memory: overflowing it lands out of bounds.
+        Some(Trap::MemoryOutOfBounds) => {
+            "trapped: out-of-bounds memory access (a stack overflow in the guest?)".into()
+        }
+        Some(trap) => format!("trapped: {trap}"),
+        None => first_line(&format!("{error:?}")),
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or(text).to_string()
 }
 
 /// The store data of one guest instance.
