@@ -22,6 +22,7 @@ use crate::bindings::preferred_allocator::PreferredAllocatorPluginPre;
 use crate::bindings::types as wit;
 use crate::kubelet::api;
 use crate::metrics::Hook;
+use crate::policy::Policy;
 use crate::sandbox::{
     GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
 };
@@ -45,6 +46,8 @@ pub enum HookError {
 pub struct Hooks {
     sandbox: Arc<Sandbox>,
     spec: GuestSpec,
+    /// The rules its answers must follow.
+    policy: Arc<Policy>,
     post: Option<PostAllocatorPluginPre<GuestState>>,
     preferred: Option<PreferredAllocatorPluginPre<GuestState>>,
     pre_start: Option<PreStarterPluginPre<GuestState>>,
@@ -60,15 +63,18 @@ pub struct NoHooks {
 }
 
 impl Hooks {
-    /// Finds the hook exports of `component`; at least one must exist.
+    /// Finds the hook exports of `component`; at least one must exist. Its answers are checked
+    /// against `policy`.
     pub fn new(
         sandbox: Arc<Sandbox>,
         spec: GuestSpec,
+        policy: Arc<Policy>,
         component: &LoadedComponent,
     ) -> Result<Self, NoHooks> {
         let hooks = Hooks {
             sandbox,
             spec,
+            policy,
             post: component.post_allocator(),
             preferred: component.preferred_allocator(),
             pre_start: component.pre_starter(),
@@ -103,8 +109,7 @@ impl Hooks {
         index: usize,
         response: wit::ContainerAllocateResponse,
     ) -> Result<crate::allocate::ContainerResponse, crate::tree::TreeError> {
-        self.spec
-            .policy
+        self.policy
             .check_response(index, response, self.sandbox.devfs())
     }
 
@@ -203,7 +208,6 @@ impl Hooks {
             .sandbox
             .store(&self.spec, None)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
-        let _running = self.sandbox.clock().running();
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),
             // The CPU budget is as long as the deadline: a hook that spins meets whichever

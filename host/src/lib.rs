@@ -31,3 +31,4 @@ pub mod status;
 pub mod topology;
 pub mod tree;
 pub mod units;
+pub mod validate;

@@ -3,18 +3,25 @@
 //! [`supervise`] owns the guest: it instantiates it in a fresh store, calls `scan` (which loops,
 //! notifying trees, until the host stops it), and on a trap, an error, a CPU or memory overrun
 //! drops the store and starts again from the same `InstancePre`, with exponential backoff. Its
-//! [`ScannerEvent`]s are the only thing that leaves: the caller decides what a tree means.
+//! [`ScannerEvent`]s are the only thing that leaves: the caller decides what a tree means. Each
+//! notified tree reaches it through the [`TreeSink`] given to the sandbox ([`EventSink`]): validated
+//! ([`crate::validate`]), then sent on.
 //! Cancelling is dropping the future (or aborting the task that runs it); that drops the store and
 //! the guest with it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use crate::bindings::scanner::ScannerPluginPre;
-use crate::sandbox::{GuestSpec, GuestState, Sandbox, describe};
+use crate::bindings::types as wit;
+use crate::policy::Policy;
+use crate::sandbox::{GuestSpec, GuestState, Sandbox, SinkClosed, TreeSink, describe};
+use crate::topology::Topology;
 use crate::tree::{DeviceTree, TreeError};
+use crate::validate::Validator;
 
 /// What happens after a scanner fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,11 +55,58 @@ pub enum ScannerEvent {
     Finished,
 }
 
-/// A scanner ready to run: its identity and its linked component.
+/// A scanner ready to run: its identity, the rules its trees must follow, and its linked
+/// component.
 #[derive(Clone)]
 pub struct Scanner {
+    /// What the sandbox gives each of its instances.
     pub spec: GuestSpec,
+    /// The rules its trees must follow.
+    pub policy: Arc<Policy>,
+    /// The component, linked and checked to export `scanner`.
     pub pre: ScannerPluginPre<GuestState>,
+}
+
+/// The supervisor's side of a scanner instance's `notify`: each tree validated, then sent on as a
+/// [`ScannerEvent`]. Waiting for room on `events` back-pressures the guest.
+pub struct EventSink {
+    validator: Validator,
+    events: mpsc::Sender<ScannerEvent>,
+}
+
+impl EventSink {
+    /// A sink that validates with `validator` and reports to `events`.
+    pub fn new(validator: Validator, events: mpsc::Sender<ScannerEvent>) -> Self {
+        EventSink { validator, events }
+    }
+
+    /// The sink of one instance of `scanner` in `sandbox`, NUMA affinity read through
+    /// `topology`.
+    pub fn for_scanner(
+        sandbox: &Sandbox,
+        scanner: &Scanner,
+        topology: Arc<Topology>,
+        events: mpsc::Sender<ScannerEvent>,
+    ) -> Self {
+        let validator = Validator::new(
+            scanner.spec.name.clone(),
+            scanner.policy.clone(),
+            scanner.spec.metrics.clone(),
+            sandbox.devfs().clone(),
+            topology,
+        );
+        EventSink::new(validator, events)
+    }
+}
+
+impl TreeSink for EventSink {
+    fn notify(&mut self, tree: wit::DeviceTree) -> BoxFuture<'_, Result<(), SinkClosed>> {
+        let event = match self.validator.check(tree) {
+            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
+            Err(e) => ScannerEvent::Refused(e),
+        };
+        Box::pin(async move { self.events.send(event).await.map_err(|_| SinkClosed) })
+    }
 }
 
 /// Runs `scanner` until it finishes, fails under [`RestartPolicy::Never`], or `events` closes.
@@ -63,10 +117,13 @@ pub async fn supervise(
     events: mpsc::Sender<ScannerEvent>,
 ) {
     let name = scanner.spec.name.clone();
+    // Shared by its instances: affinity read once stays known across restarts.
+    let topology = Arc::new(Topology::new(&sandbox.roots().sys));
     let mut delay = BACKOFF_START;
     loop {
         let started = Instant::now();
-        let outcome = run_once(&sandbox, &scanner, events.clone()).await;
+        let sink = EventSink::for_scanner(&sandbox, &scanner, topology.clone(), events.clone());
+        let outcome = run_once(&sandbox, &scanner, sink).await;
         // The instance is gone, and its memory with it.
         scanner.spec.metrics.memory_reset();
         let error = match outcome {
@@ -103,19 +160,13 @@ pub async fn supervise(
 }
 
 /// One instance, from instantiation to the end of `scan`. The error is a one-line cause.
-async fn run_once(
-    sandbox: &Sandbox,
-    scanner: &Scanner,
-    events: mpsc::Sender<ScannerEvent>,
-) -> Result<(), String> {
+async fn run_once(sandbox: &Sandbox, scanner: &Scanner, sink: EventSink) -> Result<(), String> {
     // A new instance: its memory is counted afresh, and its first scan starts now.
     scanner.spec.metrics.memory_reset();
     scanner.spec.metrics.woke();
     let mut store = sandbox
-        .store(&scanner.spec, Some(events))
+        .store(&scanner.spec, Some(Box::new(sink)))
         .map_err(|e| e.to_string())?;
-    // From here until this function returns (or is cancelled) the guest may execute wasm.
-    let _running = sandbox.clock().running();
     let plugin = scanner
         .pre
         .instantiate_async(&mut store)

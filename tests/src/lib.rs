@@ -159,6 +159,7 @@ pub async fn run_guest(
                     .collect(),
             )
         },
+        policy: Default::default(),
         pre: component.scanner().expect("guest exports scanner"),
     };
     let (tx, events) = mpsc::channel(16);

@@ -73,6 +73,7 @@ async fn every_bad_tree_is_refused_by_its_rule() {
         };
         let scanner = Scanner {
             spec,
+            policy: Default::default(),
             pre: component.scanner().unwrap(),
         };
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);

@@ -123,22 +123,24 @@ impl GuestArgs {
         }
     }
 
-    /// The guest's spec with `env`, allowed mounts, and the command line's limits over `base`.
+    /// The guest's spec with `env` and the command line's limits over `base`, and a policy
+    /// allowing `allow_mount`.
     pub fn spec(
         &self,
         name: &str,
         env: Vec<(String, String)>,
         allow_mount: Vec<String>,
         base: GuestLimits,
-    ) -> GuestSpec {
-        GuestSpec {
+    ) -> (GuestSpec, Arc<Policy>) {
+        let spec = GuestSpec {
             limits: self.limits(base),
-            policy: Arc::new(Policy {
-                allowed_mounts: allow_mount,
-                ..Policy::default()
-            }),
             ..GuestSpec::new(name, env)
-        }
+        };
+        let policy = Arc::new(Policy {
+            allowed_mounts: allow_mount,
+            ..Policy::default()
+        });
+        (spec, policy)
     }
 }
 
@@ -177,15 +179,13 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
         g.compile_cache.clone().map(CompileCache::new),
     )?;
     let pre = sandbox.load(component).await?.scanner()?;
-    let scanner = Scanner {
-        spec: g.spec(
-            &name,
-            g.env.clone(),
-            g.allow_mount.clone(),
-            GuestLimits::default(),
-        ),
-        pre,
-    };
+    let (spec, policy) = g.spec(
+        &name,
+        g.env.clone(),
+        g.allow_mount.clone(),
+        GuestLimits::default(),
+    );
+    let scanner = Scanner { spec, policy, pre };
     let (tx, mut rx) = mpsc::channel(16);
     // The supervisor ends when `rx` is dropped: returning from here stops the guest.
     tokio::spawn(supervise(sandbox, scanner, RestartPolicy::Never, tx));
@@ -353,15 +353,13 @@ async fn replay(args: &ScanArgs, path: &Path) -> anyhow::Result<ExitCode> {
         },
     )?;
     let pre = sandbox.load(&component).await?.scanner()?;
-    let scanner = Scanner {
-        spec: g.spec(
-            &name,
-            env,
-            allow_mount,
-            m.limits.map(GuestLimits::from).unwrap_or_default(),
-        ),
-        pre,
-    };
+    let (spec, policy) = g.spec(
+        &name,
+        env,
+        allow_mount,
+        m.limits.map(GuestLimits::from).unwrap_or_default(),
+    );
+    let scanner = Scanner { spec, policy, pre };
     let outcome = first_tree(sandbox, scanner).await;
     if let Ok(tree) = &outcome {
         print_tree(tree, args.format, 1).context("cannot write to stdout")?;

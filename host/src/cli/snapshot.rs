@@ -11,6 +11,7 @@ use clap::Args;
 
 use super::scan::{GuestArgs, first_tree, sha256_hex};
 use crate::config::{self, ComponentSource};
+use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
 use crate::scanner::Scanner;
@@ -75,7 +76,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     let g = &args.guest;
-    let (component_path, spec) = match (&args.config, &args.scanner, &args.component) {
+    let (component_path, (spec, policy)) = match (&args.config, &args.scanner, &args.component) {
         (Some(config), Some(scanner), _) => from_config(config, scanner, g)?,
         (_, _, Some(component)) => {
             let name = g.name(component);
@@ -116,9 +117,9 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     )?;
     let pre = sandbox.load(&component_path).await?.scanner()?;
     let env = spec.env.clone();
-    let allow_mount = spec.policy.allowed_mounts.clone();
+    let allow_mount = policy.allowed_mounts.clone();
     let limits = spec.limits;
-    let scanner = Scanner { spec, pre };
+    let scanner = Scanner { spec, policy, pre };
     let outcome = tokio::time::timeout(args.timeout, first_tree(sandbox, scanner))
         .await
         .map_err(|_| {
@@ -225,7 +226,11 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
 
 /// The component and guest spec of scanner `name` in the config file at `path`, with the
 /// command line's --env (replacing a configured value of the same key) and --allow-mount added.
-fn from_config(path: &Path, name: &str, g: &GuestArgs) -> anyhow::Result<(PathBuf, GuestSpec)> {
+fn from_config(
+    path: &Path,
+    name: &str,
+    g: &GuestArgs,
+) -> anyhow::Result<(PathBuf, (GuestSpec, Arc<Policy>))> {
     let config = config::load(path)?;
     let Some(scanner) = config.scanners.into_iter().find(|s| s.name == name) else {
         anyhow::bail!("{} has no scanner named {name:?}", path.display());
@@ -246,8 +251,7 @@ fn from_config(path: &Path, name: &str, g: &GuestArgs) -> anyhow::Result<(PathBu
     policy.allowed_mounts.extend(g.allow_mount.iter().cloned());
     let spec = GuestSpec {
         limits: g.limits(scanner.limits),
-        policy: Arc::new(policy),
         ..GuestSpec::new(name, env)
     };
-    Ok((component, spec))
+    Ok((component, (spec, Arc::new(policy))))
 }

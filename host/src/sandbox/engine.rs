@@ -52,8 +52,9 @@ impl Drop for Waiting {
 }
 
 impl Clock {
-    /// Marks a guest as running until the guard drops (also on cancellation).
-    pub fn running(self: &Arc<Self>) -> Running {
+    /// Marks a guest as running until the guard drops (also on cancellation). Only a store
+    /// takes it (`Sandbox::store`), so running a guest and enforcing its limits go together.
+    pub(crate) fn running(self: &Arc<Self>) -> Running {
         self.start();
         Running(self.clone())
     }

@@ -15,6 +15,7 @@ mod limits;
 mod open_guard;
 pub mod output;
 mod recording;
+mod sink;
 mod state;
 pub mod uevent;
 pub mod watch;
@@ -23,12 +24,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use engine::{Clock, Running, TICK};
+pub use sink::{SinkClosed, TreeSink};
 pub use state::{CpuBudget, GuestState, Stopped, describe};
 
 use self::devfs::DevFs;
@@ -36,8 +37,6 @@ use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
 use crate::bindings;
 use crate::metrics::ScannerMetrics;
-use crate::policy::Policy;
-use crate::topology::Topology;
 
 /// Per-guest resource limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +56,7 @@ impl Default for GuestLimits {
     }
 }
 
-/// Who a guest is, what it is given, and what it may return.
+/// Who a guest is, what it is given, and the counters it updates.
 #[derive(Debug, Clone)]
 pub struct GuestSpec {
     /// Name used in logs and errors.
@@ -65,20 +64,17 @@ pub struct GuestSpec {
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
     pub limits: GuestLimits,
-    /// The rules its trees and hook answers must follow.
-    pub policy: Arc<Policy>,
     /// Its counters.
     pub metrics: Arc<ScannerMetrics>,
 }
 
 impl GuestSpec {
-    /// A guest with the default limits and policy.
+    /// A guest with the default limits.
     pub fn new(name: &str, env: Vec<(String, String)>) -> Self {
         GuestSpec {
             name: name.into(),
             env,
             limits: GuestLimits::default(),
-            policy: Arc::default(),
             metrics: Arc::default(),
         }
     }
@@ -178,7 +174,6 @@ pub struct Sandbox {
     linker: Linker<GuestState>,
     roots: Roots,
     devfs: Arc<DevFs>,
-    topology: Arc<Topology>,
     changes: ChangeWatcher,
 }
 
@@ -236,7 +231,6 @@ impl Sandbox {
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
-        let topology = Arc::new(Topology::new(&roots.sys));
         Ok(Arc::new(Sandbox {
             engine,
             clock,
@@ -244,7 +238,6 @@ impl Sandbox {
             linker,
             roots,
             devfs: Arc::new(devfs),
-            topology,
             changes,
         }))
     }
@@ -254,13 +247,13 @@ impl Sandbox {
         &self.roots
     }
 
-    /// The epoch clock: hold [`Clock::running`] while calling into a guest.
+    /// The epoch clock, for its tick count: every store counts as running while it lives.
     pub fn clock(&self) -> &Arc<Clock> {
         &self.clock
     }
 
     /// The confined view of the dev root, for checking what guests return.
-    pub fn devfs(&self) -> &DevFs {
+    pub fn devfs(&self) -> &Arc<DevFs> {
         &self.devfs
     }
 
@@ -328,11 +321,13 @@ impl Sandbox {
         })
     }
 
-    /// A fresh store for one instance of `guest`. `sink` receives its notified trees.
+    /// A fresh store for one instance of `guest`. `sink` receives its notified trees (`None`
+    /// for a hook instance). The store holds the clock's [`Running`] guard until it is dropped,
+    /// so the guest's CPU budget is enforced whenever it can execute.
     pub fn store(
         &self,
         guest: &GuestSpec,
-        sink: Option<mpsc::Sender<crate::scanner::ScannerEvent>>,
+        sink: Option<Box<dyn TreeSink>>,
     ) -> Result<Store<GuestState>, SandboxError> {
         let stderr = GuestOutput::new(guest.name.clone(), Stream::Stderr);
         let mut wasi = WasiCtxBuilder::new();
@@ -353,18 +348,16 @@ impl Sandbox {
         };
         let state = GuestState {
             spec: guest.clone(),
-            refusals_logged: None,
-            refusals_unlogged: 0,
             wasi: wasi.build(),
             table: Default::default(),
             limits,
             devfs: self.devfs.clone(),
-            topology: self.topology.clone(),
             changes: self.changes.subscribe(),
             sink,
             cpu: CpuBudget::new(guest.limits.call_timeout),
             stderr,
             clock: self.clock.clone(),
+            _running: self.clock.running(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);

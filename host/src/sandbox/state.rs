@@ -8,16 +8,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::devfs::{DevFs, Node, NodeKind};
 use super::engine::TICK;
+use super::sink::TreeSink;
 use crate::bindings::{devfs, notifier, types};
-use crate::metrics::ScannerMetrics;
-use crate::scanner::ScannerEvent;
 
 /// Why the host stopped a guest (as opposed to the guest trapping on its own).
 #[derive(Debug, Clone, thiserror::Error)]
@@ -62,22 +61,21 @@ fn first_line(text: &str) -> String {
 /// The store data of one guest instance.
 pub struct GuestState {
     pub(crate) spec: super::GuestSpec,
-    /// When a refused tree was last logged, and how many were not logged since.
-    pub(crate) refusals_logged: Option<Instant>,
-    pub(crate) refusals_unlogged: u64,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) limits: super::limits::GuestLimiter,
     pub(crate) devfs: Arc<DevFs>,
-    /// Fills in NUMA affinity the guest did not give.
-    pub(crate) topology: Arc<crate::topology::Topology>,
     pub(crate) changes: watch::Receiver<u64>,
     /// Where trees go; `None` for hook instances, which have no business notifying.
-    pub(crate) sink: Option<mpsc::Sender<ScannerEvent>>,
+    pub(crate) sink: Option<Box<dyn TreeSink>>,
     pub(crate) cpu: CpuBudget,
     pub(crate) stderr: super::output::GuestOutput,
     /// Released while the guest waits in one of our imports, so an idle host stops ticking.
     pub(crate) clock: Arc<super::Clock>,
+    /// Counts this instance as running for as long as its store lives: CPU limits hold only
+    /// while the clock ticks, and a store is what a guest runs in, so no caller can run a
+    /// guest without it.
+    pub(crate) _running: super::Running,
 }
 
 impl GuestState {
@@ -152,44 +150,12 @@ impl notifier::Host for GuestState {
     async fn notify(&mut self, tree: types::DeviceTree) -> wasmtime::Result<()> {
         let _waiting = self.clock.waiting();
         self.cpu.check_in();
-        let Some(sink) = &self.sink else {
+        let Some(sink) = &mut self.sink else {
             tracing::warn!(scanner = &*self.spec.name, "a hook called notify; ignored");
             return Ok(());
         };
-        let metrics = &self.spec.metrics;
-        metrics.notified();
-        let notified = match self.spec.policy.check_tree(tree, &self.devfs) {
-            Ok(mut tree) => {
-                self.topology.fill(&mut tree, &self.devfs);
-                ScannerMetrics::bump(&metrics.trees_accepted);
-                ScannerEvent::Tree(Arc::new(tree))
-            }
-            Err(e) => {
-                ScannerMetrics::bump(&metrics.trees_refused);
-                // One event per refused tree, but at most one a second: a guest that floods
-                // bad trees must not flood the log. The counter sees every one.
-                let now = Instant::now();
-                if self
-                    .refusals_logged
-                    .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
-                {
-                    tracing::warn!(
-                        scanner = &*self.spec.name,
-                        rule = e.rule(),
-                        error = %e,
-                        not_logged_since_last = self.refusals_unlogged,
-                        "device tree refused; the last good tree stays served"
-                    );
-                    self.refusals_logged = Some(now);
-                    self.refusals_unlogged = 0;
-                } else {
-                    self.refusals_unlogged += 1;
-                }
-                ScannerEvent::Refused(e)
-            }
-        };
         // Waiting here back-pressures a guest that notifies faster than the host consumes.
-        sink.send(notified).await.map_err(|_| Stopped::SinkClosed)?;
+        sink.notify(tree).await.map_err(|_| Stopped::SinkClosed)?;
         self.cpu.check_in();
         Ok(())
     }

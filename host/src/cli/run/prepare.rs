@@ -146,12 +146,12 @@ async fn load(
     let s = &identity.config;
     let spec = GuestSpec {
         limits: s.limits,
-        policy: Arc::new(Policy {
-            max_dev_type_len: max_dev_type_len(plugin_dir, s)?,
-            ..s.policy.clone()
-        }),
         ..GuestSpec::new(&s.name, s.env.clone())
     };
+    let policy = Arc::new(Policy {
+        max_dev_type_len: max_dev_type_len(plugin_dir, s)?,
+        ..s.policy.clone()
+    });
     let fetch = oci::FetchPolicy {
         require_digest: config.oci.require_digest,
         key: s.verify_key.clone(),
@@ -164,13 +164,18 @@ async fn load(
             let hooks = async {
                 let path = resolve(registry, cache, source, oci::Role::Hooks, &fetch).await?;
                 let hook = sandbox.load(&path).await?;
-                anyhow::Ok(Hooks::new(sandbox.clone(), spec.clone(), &hook)?)
+                anyhow::Ok(Hooks::new(
+                    sandbox.clone(),
+                    spec.clone(),
+                    policy.clone(),
+                    &hook,
+                )?)
             };
             Some(Arc::new(hooks.await.context("post-allocator")?))
         }
     };
     Ok(Prepared {
-        scanner: Scanner { spec, pre },
+        scanner: Scanner { spec, policy, pre },
         hooks,
         identity,
     })
