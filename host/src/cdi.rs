@@ -18,7 +18,6 @@
 //! (logged once per tree); its default Allocate answer still carries everything.
 
 pub mod schema;
-pub mod version;
 
 mod ownership;
 
@@ -31,8 +30,8 @@ use serde::Serialize;
 
 pub use self::ownership::SpecOwnership;
 
+use crate::cdi_version::{self as version, CdiVersion};
 use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, is_cdi_name};
-use version::CdiVersion;
 
 /// Where container runtimes look for specs unless configured otherwise.
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";

@@ -7,6 +7,7 @@
 pub mod allocate;
 pub mod bindings;
 pub mod cdi;
+pub mod cdi_version;
 pub mod cli;
 pub mod config;
 pub mod contract;

@@ -431,7 +431,7 @@ pub(crate) fn is_env_name(s: &str) -> bool {
 /// specification: vendor and class start with a letter, the name with a letter or digit, all
 /// three end with a letter or digit; vendor and class may hold `-_.`, name `-_.:`.
 pub(crate) fn is_cdi_name(s: &str) -> bool {
-    crate::cdi::version::is_qualified_name(s)
+    crate::cdi_version::is_qualified_name(s)
 }
 
 #[cfg(test)]

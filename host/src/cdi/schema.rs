@@ -7,13 +7,13 @@
 //! not have is refused (specs are decoded strictly), names follow the version's grammar, every
 //! device has edits, `env` entries are `NAME=value`, node types and permissions are from their
 //! sets, hooks have known names, and the declared version is at least what the content needs
-//! ([`super::version::minimum`]).
+//! ([`crate::cdi_version::minimum`]).
 
 use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
-use super::version::{
+use crate::cdi_version::{
     CdiVersion, Object, class_ok, device_name_ok, field_since, minimum, vendor_ok,
 };
 

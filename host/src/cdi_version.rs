@@ -1,6 +1,9 @@
 //! CDI specification versions, what each one added, and the lowest version a spec's content
 //! needs.
 //!
+//! A leaf below both [`crate::tree`] (which checks the CDI device names a guest returns with
+//! [`is_qualified_name`]) and [`crate::cdi`] (which writes spec files at these versions).
+//!
 //! A container runtime refuses a whole spec file whose `cdiVersion` its CDI library does not
 //! know (podman 4.3's library stops at 0.5.0 and answers "invalid version"), and it refuses a
 //! field or a name its version does not have (specs are decoded strictly). So a spec must say
@@ -213,7 +216,7 @@ fn name_ok(s: &str, first: fn(&u8) -> bool, extra: &[u8]) -> bool {
 }
 
 /// The lowest version that has every field and name `doc` (a CDI spec as JSON) uses. Fields no
-/// version has are left to [`super::schema::check`], which refuses them.
+/// version has are left to [`crate::cdi::schema::check`], which refuses them.
 pub fn minimum(doc: &Value) -> CdiVersion {
     let mut need = V0_3_0;
     walk(doc, Object::Spec, &mut need);
