@@ -15,6 +15,7 @@ pub mod fleet;
 #[cfg(test)]
 mod fuzz;
 pub mod hooks;
+pub mod hostfs;
 pub mod http;
 pub mod kubelet;
 pub mod manager;

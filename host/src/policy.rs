@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 
 use crate::allocate::ContainerResponse;
 use crate::bindings::types as wit;
-use crate::sandbox::devfs::DevFs;
+use crate::hostfs::DevFs;
 use crate::tree::{DeviceTree, Health, Mount, TreeError};
 
 /// The per-scanner policy. `Default` is the safe default: no mounts, generous size caps.

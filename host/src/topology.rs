@@ -18,7 +18,7 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::sandbox::devfs::{DevFs, NodeKind};
+use crate::hostfs::{DevFs, NodeKind};
 use crate::tree::DeviceTree;
 
 /// Reads NUMA affinity below one sys root.
@@ -128,7 +128,7 @@ impl Topology {
 
     /// The NUMA nodes of one device node (guest path under /dev); empty when sysfs gives no hint.
     pub fn node_numa(&self, path: &str, dev: &DevFs) -> Result<BTreeSet<u32>, TopologyError> {
-        let node_error = |e: crate::sandbox::devfs::DevfsError| TopologyError::Node {
+        let node_error = |e: crate::hostfs::DevfsError| TopologyError::Node {
             path: path.into(),
             cause: e.to_string(),
         };
@@ -161,7 +161,7 @@ impl Topology {
     fn numa_of(
         &self,
         path: &str,
-        mut node: crate::sandbox::devfs::Node,
+        mut node: crate::hostfs::Node,
         dev: &DevFs,
         dirs: &DevDirs,
     ) -> Result<BTreeSet<u32>, TopologyError> {

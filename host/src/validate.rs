@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::bindings::types as wit;
+use crate::hostfs::DevFs;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
-use crate::sandbox::devfs::DevFs;
 use crate::topology::Topology;
 use crate::tree::{DeviceTree, TreeError};
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use tokio::sync::mpsc;
+use wdp::hostfs::DevFs;
 use wdp::policy::Policy;
-use wdp::sandbox::devfs::DevFs;
 use wdp::sandbox::watch::ChangeWatcher;
 use wdp::sandbox::{GuestSpec, Roots, Sandbox, TreeSink};
 use wdp::scanner::{EventSink, Scanner, ScannerEvent};

@@ -10,9 +10,9 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::sync::mpsc;
 
+use crate::hostfs::DevFs;
 use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::devfs::DevFs;
 use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use crate::snapshot::{archive, tree_diff};

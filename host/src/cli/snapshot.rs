@@ -11,12 +11,12 @@ use clap::Args;
 
 use super::scan::{GuestArgs, first_tree, sha256_hex};
 use crate::config::{self, ComponentSource};
+use crate::hostfs::record::Recorder;
 use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
 use crate::scanner::Scanner;
 use crate::snapshot::manifest::{FORMAT, Manifest};
-use crate::snapshot::record::Recorder;
 use crate::snapshot::{archive, redact};
 use crate::tree::DeviceTree;
 

@@ -3,13 +3,12 @@
 //! What a guest gets, and nothing more:
 //! - `/sys`: the host's sys root as a read-only WASI preopen (the whole tree, because sysfs links
 //!   are relative and would otherwise point outside the preopen);
-//! - `/dev`: metadata only, through the `devfs` import ([`devfs`]);
+//! - `/dev`: metadata only, through the `devfs` import ([`crate::hostfs`]);
 //! - the environment variables its configuration names, no arguments, no stdin, no network;
 //! - stdout/stderr as rate-limited log lines ([`output`]);
 //! - a memory cap, a CPU budget enforced with epoch interruption, and a deadline on hook calls.
 
 pub mod compile_cache;
-pub mod devfs;
 mod engine;
 mod limits;
 mod open_guard;
@@ -32,10 +31,10 @@ pub use engine::{Clock, Running, TICK};
 pub use sink::{SinkClosed, TreeSink};
 pub use state::{CpuBudget, GuestState, Stopped, describe};
 
-use self::devfs::DevFs;
 use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
 use crate::bindings;
+use crate::hostfs::DevFs;
 use crate::metrics::ScannerMetrics;
 
 /// Per-guest resource limits.
@@ -104,7 +103,7 @@ pub struct SandboxOptions {
     /// Serve /dev from this instead of opening the dev root (a replayed snapshot's table).
     pub devfs: Option<DevFs>,
     /// Note every path guests (and the host for them) ask about under /sys and /dev.
-    pub recorder: Option<Arc<crate::snapshot::record::Recorder>>,
+    pub recorder: Option<Arc<crate::hostfs::record::Recorder>>,
 }
 
 /// What to do with a core wasm module, which this host does not run: said wherever one is refused.

@@ -13,10 +13,10 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::devfs::{DevFs, Node, NodeKind};
 use super::engine::TICK;
 use super::sink::TreeSink;
 use crate::bindings::{devfs, notifier, types};
+use crate::hostfs::{DevFs, Node, NodeKind};
 
 /// Why the host stopped a guest (as opposed to the guest trapping on its own).
 #[derive(Debug, Clone, thiserror::Error)]
