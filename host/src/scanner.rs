@@ -118,7 +118,7 @@ pub async fn supervise(
 ) {
     let name = scanner.spec.name.clone();
     // Shared by its instances: affinity read once stays known across restarts.
-    let topology = Arc::new(Topology::new(&sandbox.roots().sys));
+    let topology = Arc::new(Topology::over(sandbox.sys_reads().clone()));
     let mut delay = BACKOFF_START;
     loop {
         let started = Instant::now();

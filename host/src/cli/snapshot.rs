@@ -137,7 +137,7 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
             (empty, Some(e))
         }
     };
-    let mut recording = recorder.finish(&tree);
+    let mut recording = recorder.finish();
     let replacements = redact::redact_files(&mut recording, &args.redact);
     let counts = archive::counts(&recording);
     let now = SystemTime::now();

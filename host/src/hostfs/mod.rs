@@ -21,6 +21,7 @@
 pub mod dir;
 pub mod record;
 pub mod resolve;
+pub mod sys;
 pub mod table;
 
 use std::collections::HashSet;
@@ -413,7 +414,7 @@ mod tests {
             )
         };
         let on_disk: Vec<_> = paths.iter().map(|p| answers(&real, p)).collect();
-        let rec = recorder.finish(&crate::tree::DeviceTree::default());
+        let rec = recorder.finish();
         assert!(
             rec.dev.values().all(|e| e.contents.is_none()),
             "no contents under /dev"

@@ -62,6 +62,14 @@ impl Recorder {
         self.add(Root::Sys, base.join(path), access);
     }
 
+    /// The host asked, for a guest, about `path` (absolute, under the sys root; anything else
+    /// is not the sys root's and is not kept).
+    pub fn sys(&self, path: &Path, access: Access) {
+        if let Ok(rel) = path.strip_prefix(&self.sys) {
+            self.add(Root::Sys, rel.to_path_buf(), access);
+        }
+    }
+
     /// The guest (or the host for it) asked devfs about `rel` (relative to the dev root; empty
     /// for the root).
     pub fn dev(&self, rel: &Path, access: Access) {

@@ -35,6 +35,7 @@ use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
 use crate::bindings;
 use crate::hostfs::DevFs;
+use crate::hostfs::sys::{RecordedSys, SysDir, SysReads};
 use crate::metrics::ScannerMetrics;
 
 /// Per-guest resource limits.
@@ -173,6 +174,7 @@ pub struct Sandbox {
     linker: Linker<GuestState>,
     roots: Roots,
     devfs: Arc<DevFs>,
+    sys_reads: Arc<dyn SysReads>,
     changes: ChangeWatcher,
 }
 
@@ -212,9 +214,13 @@ impl Sandbox {
                 error,
             })?,
         };
-        let devfs = match &recorder {
-            Some(r) => devfs.recording(r.clone()),
-            None => devfs,
+        let sys_reads: Arc<dyn SysReads> = Arc::new(SysDir::new(&roots.sys));
+        let (devfs, sys_reads) = match &recorder {
+            Some(r) => (
+                devfs.recording(r.clone()),
+                Arc::new(RecordedSys::new(sys_reads, r.clone())) as Arc<dyn SysReads>,
+            ),
+            None => (devfs, sys_reads),
         };
         std::fs::read_dir(&roots.sys).map_err(|error| SandboxError::SysRoot {
             path: roots.sys.clone(),
@@ -237,6 +243,7 @@ impl Sandbox {
             linker,
             roots,
             devfs: Arc::new(devfs),
+            sys_reads,
             changes,
         }))
     }
@@ -249,6 +256,12 @@ impl Sandbox {
     /// The epoch clock, for its tick count: every store counts as running while it lives.
     pub fn clock(&self) -> &Arc<Clock> {
         &self.clock
+    }
+
+    /// What the host reads under the sys root for its guests (NUMA affinity); recorded when
+    /// the sandbox records.
+    pub fn sys_reads(&self) -> &Arc<dyn SysReads> {
+        &self.sys_reads
     }
 
     /// The confined view of the dev root, for checking what guests return.

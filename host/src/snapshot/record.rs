@@ -2,9 +2,10 @@
 //! scan.
 //!
 //! During the scan only the questions are kept ([`crate::hostfs::record`]: a root, a path, the
-//! kind of access), cheaply and deduplicated. [`Recorder::finish`] then resolves each one again over the host's roots, step by
-//! step ([`crate::hostfs::resolve`]), and keeps every directory and symlink it passes through, the final
-//! entry, the full listing of each directory the scanner read, and the contents of each regular
+//! kind of access), cheaply and deduplicated, the host's own reads for the guest (NUMA affinity)
+//! among them. [`Recorder::finish`] then resolves each one again over the host's roots, step by
+//! step ([`crate::hostfs::resolve`]), and keeps every directory and symlink it passes through,
+//! the final entry, the full listing of each directory the scanner read, and the contents of each regular
 //! file under /sys the scanner opened (at most [`MAX_FILE`] bytes). Nothing under /dev is ever
 //! opened: its entries are metadata only.
 
@@ -15,7 +16,6 @@ use std::path::{Path, PathBuf};
 
 use crate::hostfs::record::{Access, Recorder, Root};
 use crate::hostfs::resolve::{Kind, Lookup, ResolveError, Stat, resolve};
-use crate::tree::DeviceTree;
 
 /// Most bytes kept of one /sys file (sysfs attributes are at most a page; binary ones such as a
 /// PCI `config` a few KiB).
@@ -38,9 +38,9 @@ pub struct Recording {
 }
 
 impl Recorder {
-    /// Reads what every recorded path holds now, adding what the host itself reads in /sys for
-    /// the NUMA affinity of `tree`'s device nodes (see [`crate::topology`]).
-    pub fn finish(&self, tree: &DeviceTree) -> Recording {
+    /// Reads what every recorded path holds now: the guest's questions and the host's own for
+    /// it (NUMA affinity, [`crate::topology`], noted as it read).
+    pub fn finish(&self) -> Recording {
         let ops = self.questions();
         let sys = HostRoot(self.sys_root());
         let dev = HostRoot(self.dev_root());
@@ -51,88 +51,7 @@ impl Recorder {
                 Root::Dev => visit(&dev, &mut rec.dev, &mut rec.truncated, &path, access, false),
             };
         }
-        for info in tree.0.values().flat_map(|g| g.values()) {
-            for node in &info.nodes {
-                self.numa_reads(&mut rec, &node.host_path);
-            }
-        }
         rec
-    }
-
-    /// What [`crate::topology::Topology::node_numa`] reads for the node at guest path `node`.
-    fn numa_reads(&self, rec: &mut Recording, node: &str) {
-        let (sys, dev) = (HostRoot(self.sys_root()), HostRoot(self.dev_root()));
-        let Some(rel) = node.strip_prefix("/dev/") else {
-            return;
-        };
-        let t = &mut rec.truncated;
-        visit(
-            &dev,
-            &mut rec.dev,
-            t,
-            Path::new(rel),
-            Access::Stat { follow: false },
-            false,
-        );
-        let Some(stat) = visit(
-            &dev,
-            &mut rec.dev,
-            t,
-            Path::new(rel),
-            Access::Stat { follow: true },
-            false,
-        ) else {
-            return;
-        };
-        let (class, major, minor) = match stat.1.kind {
-            Kind::Char { major, minor } => ("char", major, minor),
-            Kind::Block { major, minor } => ("block", major, minor),
-            _ => return,
-        };
-        let link = PathBuf::from(format!("dev/{class}/{major}:{minor}"));
-        let open = Access::Open { follow: true };
-        let Some((device, _)) = visit(
-            &sys,
-            &mut rec.sys,
-            t,
-            &link,
-            Access::Stat { follow: true },
-            true,
-        ) else {
-            return;
-        };
-        let mut functions = vec![device.clone()];
-        if device.parent() == Some(Path::new("devices/virtual/vfio")) {
-            let group = device.file_name().unwrap_or_default();
-            let members = Path::new("kernel/iommu_groups").join(group).join("devices");
-            visit(&sys, &mut rec.sys, t, &members, Access::ReadDir, true);
-            if let Ok(entries) = std::fs::read_dir(self.sys_root().join(&members)) {
-                for e in entries.flatten() {
-                    let member = members.join(e.file_name());
-                    if let Some((f, _)) = visit(
-                        &sys,
-                        &mut rec.sys,
-                        t,
-                        &member,
-                        Access::Stat { follow: true },
-                        true,
-                    ) {
-                        functions.push(f);
-                    }
-                }
-            }
-        }
-        for f in functions {
-            let mut here = Some(f.as_path());
-            while let Some(d) =
-                here.filter(|d| d.starts_with("devices") && *d != Path::new("devices"))
-            {
-                for hint in ["numa_node", "local_cpulist"] {
-                    visit(&sys, &mut rec.sys, t, &d.join(hint), open, true);
-                }
-                here = d.parent();
-            }
-        }
     }
 }
 
