@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::bindings::types as wit;
 use crate::kubelet::api;
-use crate::tree::{self, DeviceGroup, DeviceSpec, Health, Mount, TreeError};
+use crate::tree::{self, DeviceGroup, DeviceSpec, Health, Mount, OutputError};
 
 /// What one container receives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -40,7 +40,10 @@ pub enum AllocateError {
         want: usize,
     },
     #[error("{resource}: post-allocate hook returned an invalid response: {error}")]
-    HookInvalid { resource: String, error: TreeError },
+    HookInvalid {
+        resource: String,
+        error: OutputError,
+    },
 }
 
 impl From<AllocateError> for tonic::Status {
@@ -147,7 +150,7 @@ impl ContainerResponse {
     }
 
     /// Validates what a post-allocator returned for container `index`.
-    pub fn from_wit(index: usize, r: wit::ContainerAllocateResponse) -> Result<Self, TreeError> {
+    pub fn from_wit(index: usize, r: wit::ContainerAllocateResponse) -> Result<Self, OutputError> {
         let owner = format!("the response for container {index}");
         Ok(ContainerResponse {
             envs: tree::check_envs(&owner, r.envs)?,

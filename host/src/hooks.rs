@@ -24,7 +24,7 @@ use crate::kubelet::api;
 use crate::metrics::Hook;
 use crate::policy::Policy;
 use crate::sandbox::{
-    GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
+    Guest, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
 };
 
 /// The longest a `pre-start-container` call may run: kubelet's 30 s deadline for the whole
@@ -45,7 +45,7 @@ pub enum HookError {
 /// The hooks one component exports, ready to call.
 pub struct Hooks {
     sandbox: Arc<Sandbox>,
-    spec: GuestSpec,
+    guest: Guest,
     /// The rules its answers must follow.
     policy: Arc<Policy>,
     post: Option<PostAllocatorPluginPre<GuestState>>,
@@ -67,13 +67,13 @@ impl Hooks {
     /// against `policy`.
     pub fn new(
         sandbox: Arc<Sandbox>,
-        spec: GuestSpec,
+        guest: Guest,
         policy: Arc<Policy>,
         component: &LoadedComponent,
     ) -> Result<Self, NoHooks> {
         let hooks = Hooks {
             sandbox,
-            spec,
+            guest,
             policy,
             post: component.post_allocator(),
             preferred: component.preferred_allocator(),
@@ -84,10 +84,10 @@ impl Hooks {
                 path: component.path().to_path_buf(),
             });
         }
-        if hooks.pre_start.is_some() && hooks.spec.limits.call_timeout > PRE_START_DEADLINE {
+        if hooks.pre_start.is_some() && hooks.guest.limits.call_timeout > PRE_START_DEADLINE {
             tracing::warn!(
-                scanner = &*hooks.spec.name,
-                call_timeout = ?hooks.spec.limits.call_timeout,
+                scanner = &*hooks.guest.name,
+                call_timeout = ?hooks.guest.limits.call_timeout,
                 pre_start_deadline = ?PRE_START_DEADLINE,
                 "limits.call-timeout is longer than kubelet allows PreStartContainer (30 s): pre-start-container calls stop at the lower deadline"
             );
@@ -108,7 +108,7 @@ impl Hooks {
         &self,
         index: usize,
         response: wit::ContainerAllocateResponse,
-    ) -> Result<crate::allocate::ContainerResponse, crate::tree::TreeError> {
+    ) -> Result<crate::allocate::ContainerResponse, crate::tree::OutputError> {
         self.policy
             .check_response(index, response, self.sandbox.devfs())
     }
@@ -184,7 +184,7 @@ impl Hooks {
 
     /// The scanner's `call-timeout`.
     fn deadline(&self) -> Duration {
-        self.spec.limits.call_timeout
+        self.guest.limits.call_timeout
     }
 
     /// One call of `hook` in a fresh store, under `deadline`; timed into the scanner's metrics.
@@ -195,7 +195,7 @@ impl Hooks {
     {
         let started = std::time::Instant::now();
         let result = self.call_once(deadline, f).await;
-        self.spec.metrics.hook_called(hook, started.elapsed());
+        self.guest.metrics.hook_called(hook, started.elapsed());
         result
     }
 
@@ -206,7 +206,7 @@ impl Hooks {
     {
         let store = self
             .sandbox
-            .store(&self.spec, None)
+            .store(&self.guest, None)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),

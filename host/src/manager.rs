@@ -17,7 +17,7 @@ use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::hooks::Hooks;
 use crate::names::Resource;
 use crate::scanner::ScannerEvent;
-use crate::server::{Kubelet, ResourceServer};
+use crate::server::{PluginSockets, ResourceServer};
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceGroup, DeviceTree};
 
@@ -91,7 +91,7 @@ impl Claims {
 pub struct Manager {
     scanner: Arc<str>,
     namespace: String,
-    kubelet: Arc<Kubelet>,
+    kubelet: Arc<PluginSockets>,
     hooks: Option<Arc<Hooks>>,
     claims: Arc<Claims>,
     /// Spec files for the container runtime, when the scanner has `cdi:`.
@@ -109,7 +109,7 @@ impl Manager {
     pub fn new(
         scanner: Arc<str>,
         namespace: String,
-        kubelet: Arc<Kubelet>,
+        kubelet: Arc<PluginSockets>,
         hooks: Option<Arc<Hooks>>,
         claims: Arc<Claims>,
     ) -> Self {

@@ -18,9 +18,9 @@ use tokio::sync::mpsc;
 use crate::bindings::scanner::ScannerPluginPre;
 use crate::bindings::types as wit;
 use crate::policy::Policy;
-use crate::sandbox::{GuestSpec, GuestState, Sandbox, SinkClosed, TreeSink, describe};
+use crate::sandbox::{Guest, GuestState, Sandbox, SinkClosed, TreeSink, describe};
 use crate::topology::Topology;
-use crate::tree::{DeviceTree, TreeError};
+use crate::tree::{DeviceTree, OutputError};
 use crate::validate::Validator;
 
 /// What happens after a scanner fails.
@@ -45,7 +45,7 @@ pub enum ScannerEvent {
     /// A notified tree that passed validation.
     Tree(Arc<DeviceTree>),
     /// A notified tree that was refused as a whole; the previous tree stays in force.
-    Refused(TreeError),
+    Refused(OutputError),
     /// The instance failed; it restarts after `restart_in`, or never when `None`.
     Failed {
         error: String,
@@ -60,7 +60,7 @@ pub enum ScannerEvent {
 #[derive(Clone)]
 pub struct Scanner {
     /// What the sandbox gives each of its instances.
-    pub spec: GuestSpec,
+    pub guest: Guest,
     /// The rules its trees must follow.
     pub policy: Arc<Policy>,
     /// The component, linked and checked to export `scanner`.
@@ -89,9 +89,9 @@ impl EventSink {
         events: mpsc::Sender<ScannerEvent>,
     ) -> Self {
         let validator = Validator::new(
-            scanner.spec.name.clone(),
+            scanner.guest.name.clone(),
             scanner.policy.clone(),
-            scanner.spec.metrics.clone(),
+            scanner.guest.metrics.clone(),
             sandbox.devfs().clone(),
             topology,
         );
@@ -116,7 +116,7 @@ pub async fn supervise(
     policy: RestartPolicy,
     events: mpsc::Sender<ScannerEvent>,
 ) {
-    let name = scanner.spec.name.clone();
+    let name = scanner.guest.name.clone();
     // Shared by its instances: affinity read once stays known across restarts.
     let topology = Arc::new(Topology::over(sandbox.sys_reads().clone()));
     let mut delay = BACKOFF_START;
@@ -125,7 +125,7 @@ pub async fn supervise(
         let sink = EventSink::for_scanner(&sandbox, &scanner, topology.clone(), events.clone());
         let outcome = run_once(&sandbox, &scanner, sink).await;
         // The instance is gone, and its memory with it.
-        scanner.spec.metrics.memory_reset();
+        scanner.guest.metrics.memory_reset();
         let error = match outcome {
             Ok(()) => {
                 tracing::info!(
@@ -140,7 +140,7 @@ pub async fn supervise(
         if events.is_closed() {
             return;
         }
-        crate::metrics::ScannerMetrics::bump(&scanner.spec.metrics.failures);
+        crate::metrics::ScannerMetrics::bump(&scanner.guest.metrics.failures);
         if started.elapsed() >= HEALTHY_AFTER {
             delay = BACKOFF_START;
         }
@@ -162,10 +162,10 @@ pub async fn supervise(
 /// One instance, from instantiation to the end of `scan`. The error is a one-line cause.
 async fn run_once(sandbox: &Sandbox, scanner: &Scanner, sink: EventSink) -> Result<(), String> {
     // A new instance: its memory is counted afresh, and its first scan starts now.
-    scanner.spec.metrics.memory_reset();
-    scanner.spec.metrics.woke();
+    scanner.guest.metrics.memory_reset();
+    scanner.guest.metrics.woke();
     let mut store = sandbox
-        .store(&scanner.spec, Some(Box::new(sink)))
+        .store(&scanner.guest, Some(Box::new(sink)))
         .map_err(|e| e.to_string())?;
     let plugin = scanner
         .pre

@@ -198,7 +198,7 @@ impl Observability {
     }
 
     /// Starts tracking scanner `name` (replacing any earlier scanner of that name) with the
-    /// series `metrics`, the `GuestSpec::metrics` its instances and hooks already share: its
+    /// series `metrics`, the `Guest::metrics` its instances and hooks already share: its
     /// status entry, in state `starting`, and its series in `/metrics`. Give the handle to its
     /// manager ([`crate::manager::Manager::with_status`]), which removes the scanner when it
     /// stops.
@@ -507,7 +507,7 @@ impl ResourceHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{DeviceInfo, TreeError};
+    use crate::tree::{DeviceInfo, OutputError};
 
     fn group(healthy: usize, unhealthy: usize) -> DeviceGroup {
         let device = |i, health| {
@@ -546,7 +546,7 @@ mod tests {
         kvm.event(&ScannerEvent::Tree(Arc::default()));
         let r = kvm.resource("ns/kvm");
         r.devices(&group(2, 1));
-        serial.event(&ScannerEvent::Refused(TreeError::DevType {
+        serial.event(&ScannerEvent::Refused(OutputError::DevType {
             value: "-".into(),
         }));
         let reasons = obs.readiness().unwrap_err();

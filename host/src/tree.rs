@@ -86,9 +86,11 @@ pub type DeviceGroup = BTreeMap<String, DeviceInfo>;
 #[serde(transparent)]
 pub struct DeviceTree(pub BTreeMap<String, DeviceGroup>);
 
-/// Why a guest's tree was refused. Each variant names the rule; the `value` is the offending input.
+/// Why what a guest returned was refused: a notified tree, or a hook's answer (post-allocate
+/// responses follow the same rules). Each variant names the rule; the `value` is the offending
+/// input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TreeError {
+pub enum OutputError {
     #[error(
         "dev-type {value:?} is invalid: it must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
     )]
@@ -160,60 +162,60 @@ pub enum TreeError {
     MountNotAllowed { owner: String, value: String },
 }
 
-impl TreeError {
+impl OutputError {
     /// The rule that was broken, as a short stable name (for logs and counters).
     pub fn rule(&self) -> &'static str {
         match self {
-            TreeError::DevType { .. } => "dev-type",
-            TreeError::DuplicateDevType { .. } => "unique-dev-type",
-            TreeError::DeviceId { .. } => "device-id",
-            TreeError::DuplicateDeviceId { .. } => "unique-device-id",
-            TreeError::Path { .. } => "normalised-path",
-            TreeError::NodeOutsideDev { .. } => "node-under-dev",
-            TreeError::Permissions { .. } => "permissions",
-            TreeError::EnvName { .. } => "env-name",
-            TreeError::DuplicateKey { .. } => "unique-key",
-            TreeError::AnnotationKey { .. } => "annotation-key",
-            TreeError::CdiName { .. } => "cdi-name",
-            TreeError::TooManyTypes { .. } => "max-types",
-            TreeError::TooManyDevices { .. } => "max-devices-per-type",
-            TreeError::StringTooLong { .. } => "max-string-bytes",
-            TreeError::TreeTooLarge { .. } => "max-tree-bytes",
-            TreeError::DevTypeTooLong { .. } => "dev-type-length",
-            TreeError::NodeMissing { .. } => "node-exists",
-            TreeError::MountNotAllowed { .. } => "allowed-mounts",
+            OutputError::DevType { .. } => "dev-type",
+            OutputError::DuplicateDevType { .. } => "unique-dev-type",
+            OutputError::DeviceId { .. } => "device-id",
+            OutputError::DuplicateDeviceId { .. } => "unique-device-id",
+            OutputError::Path { .. } => "normalised-path",
+            OutputError::NodeOutsideDev { .. } => "node-under-dev",
+            OutputError::Permissions { .. } => "permissions",
+            OutputError::EnvName { .. } => "env-name",
+            OutputError::DuplicateKey { .. } => "unique-key",
+            OutputError::AnnotationKey { .. } => "annotation-key",
+            OutputError::CdiName { .. } => "cdi-name",
+            OutputError::TooManyTypes { .. } => "max-types",
+            OutputError::TooManyDevices { .. } => "max-devices-per-type",
+            OutputError::StringTooLong { .. } => "max-string-bytes",
+            OutputError::TreeTooLarge { .. } => "max-tree-bytes",
+            OutputError::DevTypeTooLong { .. } => "dev-type-length",
+            OutputError::NodeMissing { .. } => "node-exists",
+            OutputError::MountNotAllowed { .. } => "allowed-mounts",
         }
     }
 }
 
 impl DeviceTree {
     /// Validates and converts what a guest notified. The whole tree is refused on the first error.
-    pub fn from_guest(groups: Vec<wit::DeviceGroup>) -> Result<Self, TreeError> {
+    pub fn from_guest(groups: Vec<wit::DeviceGroup>) -> Result<Self, OutputError> {
         let mut tree = BTreeMap::new();
         for group in groups {
             if !is_dev_type(&group.dev_type) {
-                return Err(TreeError::DevType {
+                return Err(OutputError::DevType {
                     value: group.dev_type,
                 });
             }
             let mut devices = BTreeMap::new();
             for device in group.devices {
                 if !is_device_id(&device.id) {
-                    return Err(TreeError::DeviceId {
+                    return Err(OutputError::DeviceId {
                         dev_type: group.dev_type,
                         value: device.id,
                     });
                 }
                 let info = DeviceInfo::from_guest(&device.id, device.info)?;
                 if devices.insert(device.id.clone(), info).is_some() {
-                    return Err(TreeError::DuplicateDeviceId {
+                    return Err(OutputError::DuplicateDeviceId {
                         dev_type: group.dev_type,
                         value: device.id,
                     });
                 }
             }
             if tree.contains_key(&group.dev_type) {
-                return Err(TreeError::DuplicateDevType {
+                return Err(OutputError::DuplicateDevType {
                     value: group.dev_type,
                 });
             }
@@ -229,7 +231,7 @@ impl DeviceTree {
 }
 
 impl DeviceInfo {
-    fn from_guest(id: &str, info: wit::DeviceInfo) -> Result<Self, TreeError> {
+    fn from_guest(id: &str, info: wit::DeviceInfo) -> Result<Self, OutputError> {
         let owner = format!("device {id:?}");
         let numa_nodes = info.numa_nodes.map(|mut n| {
             n.sort_unstable();
@@ -255,20 +257,20 @@ impl DeviceInfo {
 pub(crate) fn check_nodes(
     owner: &str,
     nodes: Vec<wit::DeviceSpec>,
-) -> Result<Vec<DeviceSpec>, TreeError> {
+) -> Result<Vec<DeviceSpec>, OutputError> {
     nodes
         .into_iter()
         .map(|node| {
             check_path(owner, "container path", &node.container_path)?;
             check_path(owner, "host path", &node.host_path)?;
             if node.host_path != "/dev" && !node.host_path.starts_with("/dev/") {
-                return Err(TreeError::NodeOutsideDev {
+                return Err(OutputError::NodeOutsideDev {
                     owner: owner.into(),
                     value: node.host_path,
                 });
             }
             if !is_permissions(&node.permissions) {
-                return Err(TreeError::Permissions {
+                return Err(OutputError::Permissions {
                     owner: owner.into(),
                     value: node.permissions,
                 });
@@ -283,7 +285,10 @@ pub(crate) fn check_nodes(
 }
 
 /// Mounts: normalised absolute paths on both sides.
-pub(crate) fn check_mounts(owner: &str, mounts: Vec<wit::Mount>) -> Result<Vec<Mount>, TreeError> {
+pub(crate) fn check_mounts(
+    owner: &str,
+    mounts: Vec<wit::Mount>,
+) -> Result<Vec<Mount>, OutputError> {
     mounts
         .into_iter()
         .map(|mount| {
@@ -302,17 +307,17 @@ pub(crate) fn check_mounts(owner: &str, mounts: Vec<wit::Mount>) -> Result<Vec<M
 pub(crate) fn check_envs(
     owner: &str,
     envs: Vec<(String, String)>,
-) -> Result<BTreeMap<String, String>, TreeError> {
+) -> Result<BTreeMap<String, String>, OutputError> {
     let mut out = BTreeMap::new();
     for (key, value) in envs {
         if !is_env_name(&key) {
-            return Err(TreeError::EnvName {
+            return Err(OutputError::EnvName {
                 owner: owner.into(),
                 value: key,
             });
         }
         if out.insert(key.clone(), value).is_some() {
-            return Err(TreeError::DuplicateKey {
+            return Err(OutputError::DuplicateKey {
                 owner: owner.into(),
                 what: "env",
                 value: key,
@@ -326,17 +331,17 @@ pub(crate) fn check_envs(
 pub(crate) fn check_annotations(
     owner: &str,
     annotations: Vec<(String, String)>,
-) -> Result<BTreeMap<String, String>, TreeError> {
+) -> Result<BTreeMap<String, String>, OutputError> {
     let mut out = BTreeMap::new();
     for (key, value) in annotations {
         if !is_annotation_key(&key) {
-            return Err(TreeError::AnnotationKey {
+            return Err(OutputError::AnnotationKey {
                 owner: owner.into(),
                 value: key,
             });
         }
         if out.insert(key.clone(), value).is_some() {
-            return Err(TreeError::DuplicateKey {
+            return Err(OutputError::DuplicateKey {
                 owner: owner.into(),
                 what: "annotation",
                 value: key,
@@ -347,9 +352,9 @@ pub(crate) fn check_annotations(
 }
 
 /// CDI device names: fully qualified.
-pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<String>, TreeError> {
+pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<String>, OutputError> {
     if let Some(bad) = names.iter().find(|n| !is_cdi_name(n)) {
-        return Err(TreeError::CdiName {
+        return Err(OutputError::CdiName {
             owner: owner.into(),
             value: bad.clone(),
         });
@@ -357,11 +362,11 @@ pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<Str
     Ok(names)
 }
 
-fn check_path(owner: &str, what: &'static str, path: &str) -> Result<(), TreeError> {
+fn check_path(owner: &str, what: &'static str, path: &str) -> Result<(), OutputError> {
     if is_normal_absolute_path(path) {
         Ok(())
     } else {
-        Err(TreeError::Path {
+        Err(OutputError::Path {
             owner: owner.to_string(),
             what,
             value: path.to_string(),

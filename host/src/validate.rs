@@ -14,7 +14,7 @@ use crate::hostfs::DevFs;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
 use crate::topology::Topology;
-use crate::tree::{DeviceTree, TreeError};
+use crate::tree::{DeviceTree, OutputError};
 
 /// One scanner's validation: its rules, its counters and its refusal log.
 pub struct Validator {
@@ -51,7 +51,7 @@ impl Validator {
 
     /// One notified tree: the tree to serve, or why it is refused as a whole (the last good tree
     /// stays served).
-    pub fn check(&mut self, tree: wit::DeviceTree) -> Result<DeviceTree, TreeError> {
+    pub fn check(&mut self, tree: wit::DeviceTree) -> Result<DeviceTree, OutputError> {
         let metrics = &self.metrics;
         metrics.notified();
         match self.policy.check_tree(tree, &self.devfs) {
@@ -70,7 +70,7 @@ impl Validator {
 
     /// One event per refused tree, but at most one a second: a guest that floods bad trees must
     /// not flood the log. The counter sees every one.
-    fn log_refusal(&mut self, e: &TreeError) {
+    fn log_refusal(&mut self, e: &OutputError) {
         let now = Instant::now();
         if self
             .refusals_logged

@@ -92,7 +92,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use wdp::sandbox::{GuestLimits, GuestSpec, Sandbox};
+use wdp::sandbox::{Guest, GuestLimits, Sandbox};
 use wdp::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use wdp::tree::DeviceTree;
 
@@ -150,9 +150,9 @@ pub async fn run_guest(
 ) -> Running {
     let component = sandbox.load(&guest(file)).await.expect("load guest");
     let scanner = Scanner {
-        spec: GuestSpec {
+        guest: Guest {
             limits,
-            ..GuestSpec::new(
+            ..Guest::new(
                 file,
                 env.iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -473,7 +473,7 @@ mod manager {
     use std::sync::Arc;
     use wdp::kubelet::dir::PluginDir;
     use wdp::manager::{Claims, Manager};
-    use wdp::server::Kubelet;
+    use wdp::server::PluginSockets;
     use wdp::tree::{DeviceInfo, DeviceTree};
 
     fn tree(types: &[&str]) -> DeviceTree {
@@ -486,8 +486,8 @@ mod manager {
         )
     }
 
-    fn kubelet(dir: &Path) -> Arc<Kubelet> {
-        Arc::new(Kubelet {
+    fn kubelet(dir: &Path) -> Arc<PluginSockets> {
+        Arc::new(PluginSockets {
             dir: PluginDir::watch(dir).unwrap(),
             socket: dir.join("kubelet.sock"),
         })

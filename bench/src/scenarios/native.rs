@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use wdp::hostfs::DevFs;
 use wdp::policy::Policy;
 use wdp::sandbox::watch::ChangeWatcher;
-use wdp::sandbox::{GuestSpec, Roots, Sandbox, TreeSink};
+use wdp::sandbox::{Guest, Roots, Sandbox, TreeSink};
 use wdp::scanner::{EventSink, Scanner, ScannerEvent};
 use wdp::topology::Topology;
 use wdp_bench::fixtures::{self, BenchFixture, Fixture};
@@ -72,7 +72,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     let component = sandbox.load(&guest("generic")).await?;
     let pre = component.scanner()?;
     let scanner = Scanner {
-        spec: GuestSpec::new(
+        guest: Guest::new(
             "generic",
             vec![
                 ("DEVICES".into(), devices.clone()),
@@ -96,7 +96,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     let mut instantiate = Vec::new();
     for _ in 0..sizes.wasm_cold {
         let (tx, mut rx) = mpsc::channel(4);
-        let mut store = sandbox.store(&scanner.spec, Some(sink(tx)))?;
+        let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
         let t_inst = Instant::now();
         let plugin = scanner.pre.instantiate_async(&mut store).await?;
         let t0 = Instant::now();
@@ -121,7 +121,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     let watcher = ChangeWatcher::start(&f.dev(), &f.sys());
     let mut woke = watcher.subscribe();
     let (tx, mut rx) = mpsc::channel(4);
-    let mut store = sandbox.store(&scanner.spec, Some(sink(tx)))?;
+    let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
     let plugin = scanner.pre.instantiate_async(&mut store).await?;
     let task = tokio::spawn(async move {
         plugin

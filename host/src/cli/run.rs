@@ -21,7 +21,7 @@ use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 use crate::manager::Claims;
 use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{Roots, Sandbox};
-use crate::server::Kubelet;
+use crate::server::PluginSockets;
 use crate::status::Observability;
 
 /// Run the configured scanners and serve their devices to kubelet.
@@ -109,7 +109,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             args.plugin_dir.display()
         )
     })?;
-    let kubelet = Arc::new(Kubelet {
+    let kubelet = Arc::new(PluginSockets {
         dir,
         socket: kubelet_socket,
     });

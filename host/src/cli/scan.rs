@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::hostfs::DevFs;
 use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
+use crate::sandbox::{Guest, GuestLimits, Roots, Sandbox, SandboxOptions};
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use crate::snapshot::{archive, tree_diff};
 use crate::tree::DeviceTree;
@@ -131,10 +131,10 @@ impl GuestArgs {
         env: Vec<(String, String)>,
         allow_mount: Vec<String>,
         base: GuestLimits,
-    ) -> (GuestSpec, Arc<Policy>) {
-        let spec = GuestSpec {
+    ) -> (Guest, Arc<Policy>) {
+        let spec = Guest {
             limits: self.limits(base),
-            ..GuestSpec::new(name, env)
+            ..Guest::new(name, env)
         };
         let policy = Arc::new(Policy {
             allowed_mounts: allow_mount,
@@ -185,7 +185,11 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
         g.allow_mount.clone(),
         GuestLimits::default(),
     );
-    let scanner = Scanner { spec, policy, pre };
+    let scanner = Scanner {
+        guest: spec,
+        policy,
+        pre,
+    };
     let (tx, mut rx) = mpsc::channel(16);
     // The supervisor ends when `rx` is dropped: returning from here stops the guest.
     tokio::spawn(supervise(sandbox, scanner, RestartPolicy::Never, tx));
@@ -271,7 +275,7 @@ pub async fn first_tree(
     sandbox: Arc<Sandbox>,
     scanner: Scanner,
 ) -> Result<Arc<DeviceTree>, String> {
-    let name = scanner.spec.name.clone();
+    let name = scanner.guest.name.clone();
     let (tx, mut rx) = mpsc::channel(16);
     let task = tokio::spawn(supervise(sandbox, scanner, RestartPolicy::Never, tx));
     let event = rx.recv().await;
@@ -359,7 +363,11 @@ async fn replay(args: &ScanArgs, path: &Path) -> anyhow::Result<ExitCode> {
         allow_mount,
         m.limits.map(GuestLimits::from).unwrap_or_default(),
     );
-    let scanner = Scanner { spec, policy, pre };
+    let scanner = Scanner {
+        guest: spec,
+        policy,
+        pre,
+    };
     let outcome = first_tree(sandbox, scanner).await;
     if let Ok(tree) = &outcome {
         print_tree(tree, args.format, 1).context("cannot write to stdout")?;

@@ -14,7 +14,7 @@ use crate::config::{self, ComponentSource};
 use crate::hostfs::record::Recorder;
 use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
+use crate::sandbox::{Guest, GuestLimits, Roots, Sandbox, SandboxOptions};
 use crate::scanner::Scanner;
 use crate::snapshot::manifest::{FORMAT, Manifest};
 use crate::snapshot::{archive, redact};
@@ -119,7 +119,11 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     let env = spec.env.clone();
     let allow_mount = policy.allowed_mounts.clone();
     let limits = spec.limits;
-    let scanner = Scanner { spec, policy, pre };
+    let scanner = Scanner {
+        guest: spec,
+        policy,
+        pre,
+    };
     let outcome = tokio::time::timeout(args.timeout, first_tree(sandbox, scanner))
         .await
         .map_err(|_| {
@@ -230,7 +234,7 @@ fn from_config(
     path: &Path,
     name: &str,
     g: &GuestArgs,
-) -> anyhow::Result<(PathBuf, (GuestSpec, Arc<Policy>))> {
+) -> anyhow::Result<(PathBuf, (Guest, Arc<Policy>))> {
     let config = config::load(path)?;
     let Some(scanner) = config.scanners.into_iter().find(|s| s.name == name) else {
         anyhow::bail!("{} has no scanner named {name:?}", path.display());
@@ -249,9 +253,9 @@ fn from_config(
     }
     let mut policy = scanner.policy;
     policy.allowed_mounts.extend(g.allow_mount.iter().cloned());
-    let spec = GuestSpec {
+    let spec = Guest {
         limits: g.limits(scanner.limits),
-        ..GuestSpec::new(name, env)
+        ..Guest::new(name, env)
     };
     Ok((component, (spec, Arc::new(policy))))
 }

@@ -56,9 +56,10 @@ impl Default for GuestLimits {
     }
 }
 
-/// Who a guest is, what it is given, and the counters it updates.
+/// A guest as the sandbox runs it: its name, what it is given, and the live counters each of its
+/// instances (and hooks) update.
 #[derive(Debug, Clone)]
-pub struct GuestSpec {
+pub struct Guest {
     /// Name used in logs and errors.
     pub name: Arc<str>,
     /// The guest's whole environment.
@@ -68,10 +69,10 @@ pub struct GuestSpec {
     pub metrics: Arc<ScannerMetrics>,
 }
 
-impl GuestSpec {
+impl Guest {
     /// A guest with the default limits.
     pub fn new(name: &str, env: Vec<(String, String)>) -> Self {
-        GuestSpec {
+        Guest {
             name: name.into(),
             env,
             limits: GuestLimits::default(),
@@ -338,7 +339,7 @@ impl Sandbox {
     /// so the guest's CPU budget is enforced whenever it can execute.
     pub fn store(
         &self,
-        guest: &GuestSpec,
+        guest: &Guest,
         sink: Option<Box<dyn TreeSink>>,
     ) -> Result<Store<GuestState>, SandboxError> {
         let stderr = GuestOutput::new(guest.name.clone(), Stream::Stderr);
@@ -359,7 +360,7 @@ impl Sandbox {
             usage: sink.is_some().then(|| guest.metrics.clone()),
         };
         let state = GuestState {
-            spec: guest.clone(),
+            guest: guest.clone(),
             wasi: wasi.build(),
             table: Default::default(),
             limits,

@@ -60,7 +60,7 @@ fn first_line(text: &str) -> String {
 
 /// The store data of one guest instance.
 pub struct GuestState {
-    pub(crate) spec: super::GuestSpec,
+    pub(crate) guest: super::Guest,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) limits: super::limits::GuestLimiter,
@@ -151,7 +151,7 @@ impl notifier::Host for GuestState {
         let _waiting = self.clock.waiting();
         self.cpu.check_in();
         let Some(sink) = &mut self.sink else {
-            tracing::warn!(scanner = &*self.spec.name, "a hook called notify; ignored");
+            tracing::warn!(scanner = &*self.guest.name, "a hook called notify; ignored");
             return Ok(());
         };
         // Waiting here back-pressures a guest that notifies faster than the host consumes.
@@ -205,7 +205,7 @@ impl devfs::Host for GuestState {
             Err(_) => false,
         };
         self.changes.borrow_and_update();
-        self.spec.metrics.woke();
+        self.guest.metrics.woke();
         self.cpu.check_in();
         Ok(changed)
     }

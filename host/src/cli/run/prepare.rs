@@ -17,7 +17,7 @@ use crate::fleet::{Fleet, Prepared};
 use crate::hooks::Hooks;
 use crate::oci;
 use crate::policy::{self, Policy};
-use crate::sandbox::{GuestSpec, Sandbox};
+use crate::sandbox::{Guest, Sandbox};
 use crate::scanner::Scanner;
 
 /// What applying a config will do: the diff, and the scanners to start (added and changed).
@@ -144,9 +144,9 @@ async fn load(
     identity: ScannerIdentity,
 ) -> anyhow::Result<Prepared> {
     let s = &identity.config;
-    let spec = GuestSpec {
+    let spec = Guest {
         limits: s.limits,
-        ..GuestSpec::new(&s.name, s.env.clone())
+        ..Guest::new(&s.name, s.env.clone())
     };
     let policy = Arc::new(Policy {
         max_dev_type_len: max_dev_type_len(plugin_dir, s)?,
@@ -175,7 +175,11 @@ async fn load(
         }
     };
     Ok(Prepared {
-        scanner: Scanner { spec, policy, pre },
+        scanner: Scanner {
+            guest: spec,
+            policy,
+            pre,
+        },
         hooks,
         identity,
     })

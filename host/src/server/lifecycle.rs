@@ -1,127 +1,23 @@
-//! One kubelet device plugin server per resource `<namespace>/<dev-type>`.
-//!
-//! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves,
-//! then registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to
-//! appear rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or
-//! our socket is deleted (kubelet's cleanup), it serves again and re-registers at once. When
-//! kubelet's ListAndWatch stream ends while both sides keep running (same socket, same
-//! `kubelet.sock`), it registers again at once, with a backoff if that keeps happening: kubelet
-//! has then marked every device unhealthy and stopped the endpoint, calls ListAndWatch on it
-//! never again, and drops the resource after 5 minutes (`endpointStopGracePeriod`); only a new
-//! registration replaces the endpoint. Stopping cancels the task, which ends every stream,
-//! removes the socket and leaves nothing behind, whatever state it was in.
-//!
-//! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
-//! or absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
+//! The registration state machine of one resource server: serve, register (waiting for
+//! kubelet's socket), wait for kubelet to restart, delete our socket or lose our stream, and
+//! again, until stopped.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::Stream;
 use tokio::net::UnixListener;
 use tokio::sync::{broadcast, watch};
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
 
-use crate::allocate::{self, AllocateError, ContainerResponse};
-use crate::bindings::types as wit;
-use crate::hooks::{HookError, Hooks};
-use crate::kubelet::api::device_plugin_server::{DevicePlugin, DevicePluginServer};
-use crate::kubelet::api::{self, DevicePluginOptions};
-use crate::kubelet::dir::{self, DirEvent, PluginDir};
+use super::PluginSockets;
+use super::service::PluginService;
+use crate::kubelet::api::device_plugin_server::DevicePluginServer;
+use crate::kubelet::dir::{self, DirEvent};
 use crate::kubelet::register;
-use crate::names::Resource;
-use crate::preferred;
-use crate::status::ResourceHandle;
-use crate::tree::DeviceGroup;
-
-/// Where kubelet is and where plugin sockets go; shared by every server of a host.
-pub struct Kubelet {
-    pub dir: PluginDir,
-    pub socket: PathBuf,
-}
-
-impl Kubelet {
-    /// True when `name`, a file in the plugin directory, is kubelet's registration socket.
-    fn is_socket(&self, name: &str) -> bool {
-        self.socket.file_name().is_some_and(|n| n == name)
-    }
-}
-
-/// A running resource server. Dropping it without [`ResourceServer::stop`] also stops it.
-pub struct ResourceServer {
-    resource: Resource,
-    status: ResourceHandle,
-    devices: watch::Sender<Arc<DeviceGroup>>,
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
-}
-
-impl Drop for ResourceServer {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-impl ResourceServer {
-    /// Starts serving `devices` as `resource`, reporting registration and Allocate calls to
-    /// `status`.
-    pub fn start(
-        kubelet: Arc<Kubelet>,
-        resource: Resource,
-        devices: Arc<DeviceGroup>,
-        hooks: Option<Arc<Hooks>>,
-        status: ResourceHandle,
-    ) -> Self {
-        let (tx, rx) = watch::channel(devices);
-        let cancel = CancellationToken::new();
-        let service = PluginService {
-            resource: Arc::new(resource.clone()),
-            devices: rx,
-            hooks,
-            stop: cancel.clone(),
-            status: status.clone(),
-            streams: Arc::new(Streams::default()),
-        };
-        let task = tokio::spawn(lifecycle(kubelet, service, cancel.clone()));
-        ResourceServer {
-            resource,
-            status,
-            devices: tx,
-            cancel,
-            task: Some(task),
-        }
-    }
-
-    /// The resource served.
-    pub fn resource(&self) -> &Resource {
-        &self.resource
-    }
-
-    /// Where this resource's status and metrics go.
-    pub fn status(&self) -> &ResourceHandle {
-        &self.status
-    }
-
-    /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
-    pub fn update(&self, devices: Arc<DeviceGroup>) {
-        self.devices.send_replace(devices);
-    }
-
-    /// Stops serving: streams end, the socket is removed. Returns once all of that is done.
-    pub async fn stop(mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
 
 /// Why a served socket stopped being useful, or its registration did.
 enum Restart {
@@ -137,9 +33,9 @@ enum Restart {
 /// of the last one that ended while the server was serving. Each stream reports its own end
 /// (see [`StreamEnd`]), so an older stream ending late is told apart from the current one.
 #[derive(Debug)]
-struct Streams {
-    opened: AtomicU64,
-    lost: watch::Sender<u64>,
+pub(super) struct Streams {
+    pub(super) opened: AtomicU64,
+    pub(super) lost: watch::Sender<u64>,
 }
 
 impl Default for Streams {
@@ -152,17 +48,17 @@ impl Default for Streams {
 }
 
 impl Streams {
-    fn opened(&self) -> u64 {
+    pub(super) fn opened(&self) -> u64 {
         self.opened.load(Ordering::SeqCst)
     }
 }
 
 /// Held by one ListAndWatch stream: its drop (kubelet went away from it, or the server stops)
 /// reports a loss when the stream was the latest and the server was not stopping.
-struct StreamEnd {
-    streams: Arc<Streams>,
-    number: u64,
-    stop: CancellationToken,
+pub(super) struct StreamEnd {
+    pub(super) streams: Arc<Streams>,
+    pub(super) number: u64,
+    pub(super) stop: CancellationToken,
 }
 
 impl Drop for StreamEnd {
@@ -195,7 +91,11 @@ impl LossBackoff {
 }
 
 /// Serve, register, wait, and again after every kubelet restart, until cancelled.
-async fn lifecycle(kubelet: Arc<Kubelet>, service: PluginService, cancel: CancellationToken) {
+pub(super) async fn lifecycle(
+    kubelet: Arc<PluginSockets>,
+    service: PluginService,
+    cancel: CancellationToken,
+) {
     let resource = service.resource.clone();
     // Subscribe first: events from here on are seen, including those racing our own setup.
     let mut events = kubelet.dir.subscribe();
@@ -315,7 +215,7 @@ enum Registration {
 
 /// Registers until it succeeds, our socket disappears, or the server is stopped.
 async fn register_until_done(
-    kubelet: &Kubelet,
+    kubelet: &PluginSockets,
     service: &PluginService,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
@@ -396,7 +296,7 @@ async fn register_until_done(
 /// After registering with the kubelet of `kubelet.sock` inode `dialed`: waits for kubelet to
 /// restart, for a stream opened after `before` to be lost, or for a stop.
 async fn wait_for_restart(
-    kubelet: &Kubelet,
+    kubelet: &PluginSockets,
     service: &PluginService,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
@@ -471,252 +371,4 @@ fn bind(socket: &Path) -> std::io::Result<UnixListener> {
 
 fn socket_inode(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().map(|m| m.ino())
-}
-
-/// The DevicePlugin service of one resource. Cheap to clone: one per connection.
-#[derive(Clone)]
-struct PluginService {
-    resource: Arc<Resource>,
-    devices: watch::Receiver<Arc<DeviceGroup>>,
-    hooks: Option<Arc<Hooks>>,
-    /// Cancelled when this socket stops serving; ends open streams.
-    stop: CancellationToken,
-    status: ResourceHandle,
-    /// kubelet's streams, shared by every socket the resource serves on.
-    streams: Arc<Streams>,
-}
-
-impl PluginService {
-    fn options(&self) -> DevicePluginOptions {
-        self.hooks.as_ref().map(|h| h.options()).unwrap_or_default()
-    }
-}
-
-/// The ListAndWatch message that lists `devices` (public for the benchmarks, which time it).
-pub fn to_list(devices: &DeviceGroup) -> api::ListAndWatchResponse {
-    api::ListAndWatchResponse {
-        devices: devices
-            .iter()
-            .map(|(id, info)| api::Device {
-                id: id.clone(),
-                health: info.health.as_str().into(),
-                // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
-                // kubelet versions then never align it): no nodes is no topology.
-                topology: info
-                    .numa_nodes
-                    .as_ref()
-                    .filter(|n| !n.is_empty())
-                    .map(|nodes| api::TopologyInfo {
-                        nodes: nodes
-                            .iter()
-                            .map(|&n| api::NumaNode { id: n.into() })
-                            .collect(),
-                    }),
-            })
-            .collect(),
-    }
-}
-
-type ListStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl DevicePlugin for PluginService {
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<api::Empty>,
-    ) -> Result<Response<DevicePluginOptions>, Status> {
-        Ok(Response::new(self.options()))
-    }
-
-    type ListAndWatchStream = ListStream;
-
-    async fn list_and_watch(
-        &self,
-        _: Request<api::Empty>,
-    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        // Each stream owns its receiver: streams never compete for updates.
-        let mut rx = self.devices.clone();
-        rx.mark_changed();
-        let stop = self.stop.clone();
-        let end = StreamEnd {
-            number: self.streams.opened.fetch_add(1, Ordering::SeqCst) + 1,
-            streams: self.streams.clone(),
-            stop: stop.clone(),
-        };
-        let stream = futures::stream::unfold((rx, stop, end), |(mut rx, stop, end)| async move {
-            tokio::select! {
-                _ = stop.cancelled() => None,
-                changed = rx.changed() => match changed {
-                    Ok(()) => {
-                        let list = to_list(&rx.borrow_and_update());
-                        Some((Ok(list), (rx, stop, end)))
-                    }
-                    // The server was dropped: its task unlinks the socket, then cancels `stop`.
-                    // Ending only then means a stream's end always finds the socket gone.
-                    Err(_) => {
-                        stop.cancelled().await;
-                        None
-                    }
-                },
-            }
-        });
-        Ok(Response::new(Box::pin(stream)))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        request: Request<api::PreferredAllocationRequest>,
-    ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let hooks = self.hooks.as_ref().ok_or_else(not_advertised)?;
-        let requests: Vec<wit::ContainerPreferredAllocationRequest> = request
-            .into_inner()
-            .container_requests
-            .into_iter()
-            .map(|r| wit::ContainerPreferredAllocationRequest {
-                available_device_ids: r.available_device_i_ds,
-                must_include_device_ids: r.must_include_device_i_ds,
-                allocation_size: u32::try_from(r.allocation_size).unwrap_or(0),
-            })
-            .collect();
-        // Advice only: kubelet allocates without it, so a failing hook must not fail the pod.
-        let resource = &self.resource.name;
-        let answers = match hooks
-            .preferred_allocation(&self.resource.dev_type, &requests)
-            .await
-        {
-            None => return Err(not_advertised()),
-            Some(Ok(answers)) if answers.len() == requests.len() => Some(answers),
-            Some(Ok(answers)) => {
-                tracing::warn!(resource = %resource, answers = answers.len(), requests = requests.len(), "get-preferred-allocation hook answered the wrong number of containers; no preference");
-                None
-            }
-            Some(Err(e)) => {
-                tracing::warn!(resource = %resource, error = %e, "get-preferred-allocation hook failed; no preference");
-                None
-            }
-        };
-        if answers.is_none() {
-            self.status.preferred_fallback();
-        }
-        let mut answers = answers.map(Vec::into_iter);
-        let container_responses = requests
-            .iter()
-            .map(|request| api::ContainerPreferredAllocationResponse {
-                device_i_ds: preferred::answer(request, answers.as_mut().and_then(Iterator::next)),
-            })
-            .collect();
-        Ok(Response::new(api::PreferredAllocationResponse {
-            container_responses,
-        }))
-    }
-
-    async fn allocate(
-        &self,
-        request: Request<api::AllocateRequest>,
-    ) -> Result<Response<api::AllocateResponse>, Status> {
-        let started = Instant::now();
-        let answer = self.answer_allocate(request).await;
-        self.status.allocated(started.elapsed(), answer.is_ok());
-        answer
-    }
-
-    async fn pre_start_container(
-        &self,
-        request: Request<api::PreStartContainerRequest>,
-    ) -> Result<Response<api::PreStartContainerResponse>, Status> {
-        let ids = request.into_inner().devices_ids;
-        let hooks = self.hooks.as_ref().ok_or_else(not_advertised)?;
-        match hooks.pre_start(&self.resource.dev_type, &ids).await {
-            None => Err(not_advertised()),
-            Some(Ok(())) => Ok(Response::new(api::PreStartContainerResponse {})),
-            Some(Err(e)) => Err(hook_status(&self.resource, "pre-start-container", e)),
-        }
-    }
-}
-
-impl PluginService {
-    /// The Allocate answer: the default response, then the post-allocate hook if any.
-    async fn answer_allocate(
-        &self,
-        request: Request<api::AllocateRequest>,
-    ) -> Result<Response<api::AllocateResponse>, Status> {
-        let requests = request.into_inner().container_requests;
-        let devices = self.devices.borrow().clone();
-        let responses = allocate::default_responses(&self.resource.name, &devices, &requests)?;
-        let responses = match &self.hooks {
-            Some(hooks) if hooks.has_post_allocate() => {
-                self.post_allocate(hooks, &requests, responses).await?
-            }
-            _ => responses,
-        };
-        Ok(Response::new(api::AllocateResponse {
-            container_responses: responses
-                .into_iter()
-                .map(ContainerResponse::into_proto)
-                .collect(),
-        }))
-    }
-
-    async fn post_allocate(
-        &self,
-        hooks: &Hooks,
-        requests: &[api::ContainerAllocateRequest],
-        responses: Vec<ContainerResponse>,
-    ) -> Result<Vec<ContainerResponse>, AllocateError> {
-        let resource = &self.resource.name;
-        let wit_requests: Vec<_> = requests
-            .iter()
-            .map(|r| wit::ContainerAllocateRequest {
-                device_ids: r.devices_ids.clone(),
-            })
-            .collect();
-        let wit_responses: Vec<_> = responses.iter().map(ContainerResponse::to_wit).collect();
-        let answer = hooks
-            .post_allocate(&self.resource.dev_type, &wit_requests, &wit_responses)
-            .await;
-        let answer = match answer {
-            None => return Ok(responses),
-            Some(Ok(answer)) => answer,
-            Some(Err(HookError::Timeout(d))) => {
-                return Err(AllocateError::HookTimeout {
-                    resource: resource.clone(),
-                    cause: format!("no answer within {d:?}"),
-                });
-            }
-            Some(Err(e)) => {
-                return Err(AllocateError::Hook {
-                    resource: resource.clone(),
-                    cause: e.to_string(),
-                });
-            }
-        };
-        if answer.len() != requests.len() {
-            return Err(AllocateError::HookCount {
-                resource: resource.clone(),
-                got: answer.len(),
-                want: requests.len(),
-            });
-        }
-        answer
-            .into_iter()
-            .enumerate()
-            .map(|(i, r)| hooks.check_response(i, r))
-            .collect::<Result<_, _>>()
-            .map_err(|error| AllocateError::HookInvalid {
-                resource: resource.clone(),
-                error,
-            })
-    }
-}
-
-fn not_advertised() -> Status {
-    Status::unimplemented("this device plugin does not advertise this call")
-}
-
-fn hook_status(resource: &Resource, hook: &str, e: HookError) -> Status {
-    let message = format!("{}: {hook} hook failed: {e}", resource.name);
-    match e {
-        HookError::Timeout(_) => Status::deadline_exceeded(message),
-        _ => Status::internal(message),
-    }
 }
