@@ -18,6 +18,8 @@ pub mod hooks;
 pub mod hostfs;
 pub mod http;
 pub mod kubelet;
+#[cfg(test)]
+mod layering;
 pub mod manager;
 pub mod metrics;
 pub mod names;
