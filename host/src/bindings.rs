@@ -6,6 +6,9 @@
 //! claims (a scanner need not export `post-allocator`); the interfaces are generated once, in the
 //! scanner world, and shared by the others through `with`.
 
+// The generated items are the WIT's own: its comments document them where it has any.
+#![allow(missing_docs)]
+
 /// `scanner-plugin`: the imports every guest may use and the `scanner` export.
 pub mod scanner {
     wasmtime::component::bindgen!({

@@ -29,13 +29,21 @@ use serde_json::Value;
 /// A released version of the CDI specification, oldest first (the order is the release order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CdiVersion {
+    /// The first tagged release.
     V0_3_0,
+    /// Adds a mount's `type`.
     V0_4_0,
+    /// Adds a node's `hostPath` and names starting with a digit.
     V0_5_0,
+    /// Adds annotations and dots in the kind's name part.
     V0_6_0,
+    /// Adds `intelRdt` and `additionalGids`.
     V0_7_0,
+    /// No file format change.
     V0_8_0,
+    /// No file format change.
     V1_0_0,
+    /// Adds `netDevices`.
     V1_1_0,
 }
 
@@ -82,11 +90,17 @@ impl std::fmt::Display for CdiVersion {
 /// The kinds of JSON object a spec is made of, each with its own fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
+    /// The spec document.
     Spec,
+    /// One entry of `devices`.
     Device,
+    /// `containerEdits`, of the spec or a device.
     ContainerEdits,
+    /// One entry of `deviceNodes`.
     DeviceNode,
+    /// One entry of `mounts`.
     Mount,
+    /// One entry of `hooks`.
     Hook,
 }
 

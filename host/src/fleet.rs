@@ -41,7 +41,9 @@ const EVENT_QUEUE: usize = 16;
 pub struct Prepared {
     /// What it was built from; compared on the next reload.
     pub identity: ScannerIdentity,
+    /// The scanner to run.
     pub scanner: Scanner,
+    /// Its hooks, if it has a post-allocator.
     pub hooks: Option<Arc<Hooks>>,
 }
 

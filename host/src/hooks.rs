@@ -35,10 +35,13 @@ pub const PRE_START_DEADLINE: Duration = Duration::from_secs(25);
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     #[error("no answer within {0:?}")]
+    /// No answer within the deadline (or the CPU budget, which is as long).
     Timeout(std::time::Duration),
     #[error("the hook returned an error: {0}")]
+    /// The hook answered with an error.
     Guest(String),
     #[error("{0}")]
+    /// The instance failed: a trap, a limit, a missing export.
     Failed(String),
 }
 
@@ -59,6 +62,7 @@ pub struct Hooks {
     "{path} exports no hook: expected post-allocator, preferred-allocator or pre-starter of wdp:device-plugin"
 )]
 pub struct NoHooks {
+    /// The component.
     pub path: PathBuf,
 }
 

@@ -24,8 +24,11 @@ use crate::tree::{DeviceGroup, DeviceTree};
 /// Which dev-types changed between two trees (sorted, each type in at most one list).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TreeDiff {
+    /// Device ids that appeared.
     pub added: Vec<String>,
+    /// Device ids whose information changed.
     pub updated: Vec<String>,
+    /// Device ids that went away.
     pub removed: Vec<String>,
 }
 

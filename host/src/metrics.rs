@@ -41,8 +41,11 @@ const CALL_BUCKETS: [f64; 14] = [
 /// The guest hooks whose calls are timed.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Hook {
+    /// `post-allocate`.
     PostAllocate,
+    /// `get-preferred-allocation`.
     GetPreferredAllocation,
+    /// `pre-start-container`.
     PreStartContainer,
 }
 

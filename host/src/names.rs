@@ -26,29 +26,43 @@ pub const MAX_NAME_PART: usize = 63;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameRule {
     #[error("has no namespace: kubelet takes a name without '/' for a native resource")]
+    /// No `/`.
     NoNamespace,
     #[error(
         "is in the kubernetes.io namespace, which kubelet reserves for native resources: use a domain of your own"
     )]
+    /// In `kubernetes.io`.
     Native,
     #[error("starts with \"requests.\", the prefix kubelet reserves for quota names")]
+    /// Starts with `requests.`.
     QuotaPrefix,
     #[error(
         "has a namespace of {len} characters: kubelet checks \"requests.\" + it as a DNS subdomain of at most {MAX_SUBDOMAIN}, so at most {} are left",
         MAX_SUBDOMAIN - QUOTA_PREFIX.len()
     )]
-    NamespaceTooLong { len: usize },
+    /// A namespace too long.
+    NamespaceTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
     #[error(
         "has a namespace that is not a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit (devices.example.com)"
     )]
+    /// A namespace that is not a DNS subdomain.
     NamespaceSyntax,
     #[error("has more than one '/': kubelet takes <namespace>/<name>")]
+    /// More than one `/`.
     TooManySlashes,
     #[error("has a name part of {len} characters; kubelet allows {MAX_NAME_PART}")]
-    NameTooLong { len: usize },
+    /// A name part over 63 characters.
+    NameTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
     #[error(
         "has a name part that is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
     )]
+    /// A name part that is not a qualified name.
     NameSyntax,
 }
 
@@ -140,6 +154,7 @@ pub const MAX_SOCKET_PATH: usize = 107;
 pub struct Resource {
     /// `<namespace>/<dev-type>`, what pods request.
     pub name: String,
+    /// The name part: what the guest's tree calls the group.
     pub dev_type: String,
     /// The socket's file name, `<namespace>-<dev-type>.sock`, sent to kubelet as the endpoint.
     pub endpoint: String,
@@ -153,8 +168,11 @@ pub struct Resource {
     "socket path {path} for {resource} is {len} bytes; Unix sockets allow {MAX_SOCKET_PATH}: use a shorter namespace, dev-type or plugin directory"
 )]
 pub struct SocketTooLong {
+    /// The resource.
     pub resource: String,
+    /// The socket path it would have.
     pub path: String,
+    /// The path's length in bytes.
     pub len: usize,
 }
 

@@ -48,7 +48,9 @@ pub enum ScannerEvent {
     Refused(OutputError),
     /// The instance failed; it restarts after `restart_in`, or never when `None`.
     Failed {
+        /// The cause, one line.
         error: String,
+        /// When it restarts; `None`: never.
         restart_in: Option<Duration>,
     },
     /// `scan` returned ok: the scanner is done, its last tree stays served.

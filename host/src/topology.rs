@@ -44,15 +44,41 @@ const MAX_KNOWN: usize = 1 << 16;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
     #[error("{path}: {cause}")]
-    Node { path: String, cause: String },
+    /// The node could not be described.
+    Node {
+        /// The path concerned.
+        path: String,
+        /// Why, in words.
+        cause: String,
+    },
     #[error("{path} is not a character or block device")]
-    NotADevice { path: String },
+    /// Not a device node.
+    NotADevice {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path} is a virtual device node (major 0)")]
-    Virtual { path: String },
+    /// A virtual device (major 0).
+    Virtual {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{link}: {cause}")]
-    Sysfs { link: PathBuf, cause: String },
+    /// The sysfs link could not be read.
+    Sysfs {
+        /// The sysfs link that was read.
+        link: PathBuf,
+        /// Why, in words.
+        cause: String,
+    },
     #[error("{file}: {value:?} is not a NUMA node id")]
-    BadNumaNode { file: PathBuf, value: String },
+    /// `numa_node` holds something else than a node id.
+    BadNumaNode {
+        /// The file that was read.
+        file: PathBuf,
+        /// The offending value, as given.
+        value: String,
+    },
 }
 
 impl Topology {

@@ -16,7 +16,9 @@ use crate::names::is_dev_type;
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Health {
+    /// Usable: kubelet may allocate it.
     Healthy,
+    /// Listed but not allocatable.
     Unhealthy,
 }
 
@@ -33,30 +35,41 @@ impl Health {
 /// A device node given to a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceSpec {
+    /// Where the container sees it.
     pub container_path: String,
+    /// The node on the host, under `/dev`.
     pub host_path: String,
+    /// cgroup access: a combination of `r`, `w`, `m`.
     pub permissions: String,
 }
 
 /// A bind mount given to a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mount {
+    /// Where the container sees it.
     pub container_path: String,
+    /// The host path.
     pub host_path: String,
+    /// Mounted read-only.
     pub read_only: bool,
 }
 
 /// Everything needed to serve and allocate one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceInfo {
+    /// Whether kubelet may allocate it.
     pub health: Health,
+    /// Device nodes given to a container.
     pub nodes: Vec<DeviceSpec>,
+    /// Bind mounts given to a container.
     pub mounts: Vec<Mount>,
     /// Sorted by key: env names are unique per device.
     pub envs: BTreeMap<String, String>,
+    /// Annotations, sorted by key.
     pub annotations: BTreeMap<String, String>,
     /// `None`: the guest left topology to the host.
     pub numa_nodes: Option<Vec<u32>>,
+    /// Fully qualified CDI device names.
     pub cdi_devices: Vec<String>,
 }
 
@@ -94,72 +107,165 @@ pub enum OutputError {
     #[error(
         "dev-type {value:?} is invalid: it must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
     )]
-    DevType { value: String },
+    /// A dev-type that is not a qualified name part.
+    DevType {
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("dev-type {value:?} appears more than once in one tree")]
-    DuplicateDevType { value: String },
+    /// A dev-type given twice.
+    DuplicateDevType {
+        /// The offending value, as given.
+        value: String,
+    },
     #[error(
         "device id {value:?} in dev-type {dev_type:?} is invalid: it must be 1-63 characters with no control characters"
     )]
-    DeviceId { dev_type: String, value: String },
+    /// A device id that is empty, too long or has control characters.
+    DeviceId {
+        /// The device type it is in.
+        dev_type: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("device id {value:?} appears more than once in dev-type {dev_type:?}")]
-    DuplicateDeviceId { dev_type: String, value: String },
+    /// A device id given twice in a group.
+    DuplicateDeviceId {
+        /// The device type it is in.
+        dev_type: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error(
         "{what} {value:?} of {owner} must be an absolute, normalised path (no '..', '.' or '//')"
     )]
+    /// A path that is not absolute and plain.
     Path {
+        /// Where the value is: the device or group, as the message names it.
         owner: String,
+        /// Which of the owner's values it is.
         what: &'static str,
+        /// The offending value, as given.
         value: String,
     },
     #[error("device node {value:?} of {owner} must be under /dev")]
-    NodeOutsideDev { owner: String, value: String },
-    #[error("permissions {value:?} of {owner} may only contain 'r', 'w' and 'm', each once")]
-    Permissions { owner: String, value: String },
-    #[error("env {value:?} of {owner} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")]
-    EnvName { owner: String, value: String },
-    #[error("{what} {value:?} of {owner} is set twice")]
-    DuplicateKey {
+    /// A device node outside `/dev`.
+    NodeOutsideDev {
+        /// Where the value is: the device or group, as the message names it.
         owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
+    #[error("permissions {value:?} of {owner} may only contain 'r', 'w' and 'm', each once")]
+    /// Permissions other than `r`, `w`, `m`.
+    Permissions {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
+    #[error("env {value:?} of {owner} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")]
+    /// An environment variable name that is not one.
+    EnvName {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
+    #[error("{what} {value:?} of {owner} is set twice")]
+    /// A key given twice.
+    DuplicateKey {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// Which of the owner's values it is.
         what: &'static str,
+        /// The offending value, as given.
         value: String,
     },
     #[error(
         "annotation key {value:?} of {owner} is not a Kubernetes annotation key ([prefix/]name: a DNS subdomain prefix of at most 253 characters, a name of 1-63 of [A-Za-z0-9-_.] starting and ending alphanumeric)"
     )]
-    AnnotationKey { owner: String, value: String },
+    /// An annotation key that is not a qualified name.
+    AnnotationKey {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("CDI device {value:?} of {owner} is not fully qualified (vendor.example/class=name)")]
-    CdiName { owner: String, value: String },
+    /// A CDI name that is not fully qualified.
+    CdiName {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("{count} device types; the policy allows at most {max}")]
-    TooManyTypes { count: usize, max: usize },
-    #[error("{count} devices in dev-type {dev_type:?}; the policy allows at most {max}")]
-    TooManyDevices {
-        dev_type: String,
+    /// More device types than the policy allows.
+    TooManyTypes {
+        /// How many types the tree has.
         count: usize,
+        /// The limit it exceeds.
+        max: usize,
+    },
+    #[error("{count} devices in dev-type {dev_type:?}; the policy allows at most {max}")]
+    /// More devices in a group than the policy allows.
+    TooManyDevices {
+        /// The device type it is in.
+        dev_type: String,
+        /// How many there are.
+        count: usize,
+        /// The limit it exceeds.
         max: usize,
     },
     #[error("a string of {owner} ({start:?}...) is {len} bytes; the policy allows at most {max}")]
+    /// A string longer than the policy allows.
     StringTooLong {
+        /// Where the value is: the device or group, as the message names it.
         owner: String,
+        /// The value's first characters.
         start: String,
+        /// Its length in bytes.
         len: usize,
+        /// The limit it exceeds.
         max: usize,
     },
     #[error("the strings of the tree exceed {max} bytes, the policy's limit")]
-    TreeTooLarge { max: usize },
+    /// A tree larger than the policy allows.
+    TreeTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
     #[error(
         "dev-type {value:?} is longer than {max} characters: its socket path would not fit (shorten the dev-type, the namespace or the plugin directory)"
     )]
-    DevTypeTooLong { value: String, max: usize },
-    #[error("device node {value:?} of {owner} does not exist in the dev root: {cause}")]
-    NodeMissing {
-        owner: String,
+    /// A dev-type too long for a socket path.
+    DevTypeTooLong {
+        /// The offending value, as given.
         value: String,
+        /// The longest that fits.
+        max: usize,
+    },
+    #[error("device node {value:?} of {owner} does not exist in the dev root: {cause}")]
+    /// A device node that does not exist in the dev root.
+    NodeMissing {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+        /// Why, in words.
         cause: String,
     },
     #[error(
         "mount of host path {value:?} by {owner} is not allowed: add it (or a parent) to the scanner's policy.allowed-mounts"
     )]
-    MountNotAllowed { owner: String, value: String },
+    /// A mount outside the allowed paths.
+    MountNotAllowed {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
 }
 
 impl OutputError {

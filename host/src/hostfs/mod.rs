@@ -41,20 +41,30 @@ const MAX_DIR_ENTRIES: usize = 65_536;
 /// What a path names, as WIT `devfs.node-kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeKind {
+    /// A character device node.
     CharDevice,
+    /// A block device node.
     BlockDevice,
+    /// A directory.
     Directory,
+    /// A symlink.
     Symlink,
+    /// A regular file.
     File,
+    /// Anything else (a FIFO, a socket).
     Other,
 }
 
 /// Metadata of one entry, as WIT `devfs.node`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
+    /// The entry's name.
     pub name: String,
+    /// What it is.
     pub kind: NodeKind,
+    /// Major device number; 0 unless a device node.
     pub major: u32,
+    /// Minor device number; 0 unless a device node.
     pub minor: u32,
     /// Permission bits only (`mode & 0o7777`).
     pub mode: u32,
@@ -64,21 +74,55 @@ pub struct Node {
 #[derive(Debug, thiserror::Error)]
 pub enum DevfsError {
     #[error("{path:?}: not a path under /dev (absolute, no '.', '..' or '//' components)")]
-    InvalidPath { path: String },
+    /// Not an absolute, plain path under `/dev`.
+    InvalidPath {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: path longer than {MAX_PATH} bytes")]
-    TooLong { path: String },
+    /// Longer than `PATH_MAX`.
+    TooLong {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: not found")]
-    NotFound { path: String },
+    /// Nothing there.
+    NotFound {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: leaves the dev root")]
-    Escape { path: String },
+    /// Resolution would leave the dev root.
+    Escape {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: not a directory")]
-    NotADirectory { path: String },
+    /// A directory was expected.
+    NotADirectory {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: not a symlink")]
-    NotASymlink { path: String },
+    /// A symlink was expected.
+    NotASymlink {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: more than {MAX_DIR_ENTRIES} entries")]
-    TooManyEntries { path: String },
+    /// A directory too large to list.
+    TooManyEntries {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: {error}")]
-    Io { path: String, error: io::Error },
+    /// Any other I/O error.
+    Io {
+        /// The path concerned.
+        path: String,
+        /// The underlying error, whole.
+        error: io::Error,
+    },
 }
 
 /// The source of [`DevFs`]'s answers. `rel` is the guest's `path` already checked and made

@@ -13,7 +13,9 @@ use super::{DevReads, DevfsError, Node};
 /// Which root a path is under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Root {
+    /// The sys root.
     Sys,
+    /// The dev root.
     Dev,
 }
 
@@ -21,9 +23,15 @@ pub enum Root {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Access {
     /// Opened (a file's contents are kept; a directory is only kept as existing).
-    Open { follow: bool },
+    Open {
+        /// Whether a final symlink was followed.
+        follow: bool,
+    },
     /// Its metadata.
-    Stat { follow: bool },
+    Stat {
+        /// Whether a final symlink was followed.
+        follow: bool,
+    },
     /// A symlink's target.
     ReadLink,
     /// A directory's listing.

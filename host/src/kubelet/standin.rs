@@ -60,19 +60,25 @@ const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 pub enum Observed {
     /// A plugin registered (after its options were fetched).
     Registered {
+        /// The resource registered.
         resource: String,
+        /// The plugin's socket, in the plugin directory.
         endpoint: String,
+        /// What the plugin advertised.
         options: DevicePluginOptions,
     },
     /// A ListAndWatch message: the resource's whole device list.
     Devices {
+        /// The resource listed.
         resource: String,
         /// The stream it came on (see [`Observed::StreamEnded`]).
         stream: u64,
+        /// Its devices, as the plugin sent them.
         devices: Vec<api::Device>,
     },
     /// A ListAndWatch stream ended (plugin stopped, or its server went away).
     StreamEnded {
+        /// The resource whose stream ended.
         resource: String,
         /// Streams are numbered from 1 in the order plugins registered with this stand-in: each
         /// stream reports on its own task, so a replaced stream's end (or last list) can arrive

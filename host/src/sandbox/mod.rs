@@ -64,6 +64,7 @@ pub struct Guest {
     pub name: Arc<str>,
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
+    /// Memory and CPU limits.
     pub limits: GuestLimits,
     /// Its counters.
     pub metrics: Arc<ScannerMetrics>,
@@ -84,7 +85,9 @@ impl Guest {
 /// Where a sandbox's guests see /sys and /dev from.
 #[derive(Debug, Clone)]
 pub struct Roots {
+    /// The sys root (normally `/sys`).
     pub sys: PathBuf,
+    /// The dev root (normally `/dev`).
     pub dev: PathBuf,
 }
 
@@ -119,51 +122,82 @@ pub const CORE_MODULE_REMEDY: &str =
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("cannot open the dev root {path}: {error}")]
+    /// The dev root cannot be opened.
     DevRoot {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("cannot use the sys root {path}: {error}")]
+    /// The sys root cannot be used.
     SysRoot {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("cannot read component {path}: {error}")]
+    /// The component file cannot be read.
     Read {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error(
         "{path} is not a valid wasm component: it is a core wasm module ({})",
         CORE_MODULE_REMEDY
     )]
-    CoreModule { path: PathBuf },
+    /// A core module, not a component.
+    CoreModule {
+        /// The path concerned.
+        path: PathBuf,
+    },
     #[error(
         "{path} is not a valid wasm component: it is not WebAssembly at all (no `\\0asm` header; build it for wasm32-wasip2)"
     )]
-    NotWasm { path: PathBuf },
-    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {error:#}")]
-    Compile {
+    /// Not WebAssembly.
+    NotWasm {
+        /// The path concerned.
         path: PathBuf,
+    },
+    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {error:#}")]
+    /// wasmtime refused to compile it.
+    Compile {
+        /// The path concerned.
+        path: PathBuf,
+        /// The underlying error, whole.
         error: wasmtime::Error,
     },
     #[error("{path} is refused: {error}")]
+    /// It speaks a contract version this host does not.
     Contract {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: crate::contract::ContractError,
     },
     #[error("{path} needs imports this host does not provide: {error:#}")]
+    /// It imports what the host does not provide.
     Link {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: wasmtime::Error,
     },
     #[error("{path} does not export {export}: {error:#}")]
+    /// It lacks an export its role needs.
     MissingExport {
+        /// The path concerned.
         path: PathBuf,
+        /// The export it lacks.
         export: &'static str,
+        /// The underlying error, whole.
         error: wasmtime::Error,
     },
     #[error("wasmtime: {0:#}")]
+    /// wasmtime itself failed.
     Engine(wasmtime::Error),
 }
 

@@ -22,12 +22,22 @@ use crate::hostfs::{DevFs, Node, NodeKind};
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Stopped {
     #[error("ran {0:?} of CPU without calling the host (spinning?)")]
+    /// It computed this long without calling the host.
     CpuBudget(Duration),
     #[error("exceeded its memory limit of {} MiB", limit >> 20)]
-    Memory { limit: u64 },
+    /// It grew past its memory limit.
+    Memory {
+        /// The limit, in bytes.
+        limit: u64,
+    },
     #[error("exceeded its table limit of {limit} elements")]
-    Table { limit: usize },
+    /// It grew a table past its limit.
+    Table {
+        /// The limit, in elements.
+        limit: usize,
+    },
     #[error("the host stopped listening for its trees")]
+    /// Nobody listens for its trees any more.
     SinkClosed,
 }
 

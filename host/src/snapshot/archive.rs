@@ -175,6 +175,7 @@ pub fn write_to<W: Write>(
 /// A snapshot read back.
 #[derive(Debug)]
 pub struct Snapshot {
+    /// The archive's manifest.
     pub manifest: Manifest,
     /// The recorded component, if the archive has one.
     pub component: Option<Vec<u8>>,

@@ -26,11 +26,19 @@ pub enum SnapshotError {
     /// (The I/O error is part of the message, not a `source`: `{:#}` would print it twice.)
     #[error("{path}: {error}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         error: std::io::Error,
     },
     #[error("{path} is not a usable wdp snapshot: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
+    /// The archive cannot be used.
+    Corrupt {
+        /// The path concerned.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Where two trees (as `wdp scan` prints them) differ, one line per difference, each naming the

@@ -24,14 +24,18 @@ pub const MAX_FILE: usize = 64 << 10;
 /// One recorded entry: its metadata and, for a /sys file the scanner opened, its contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// Its metadata.
     pub stat: Stat,
+    /// A /sys file's contents, when the scanner opened it.
     pub contents: Option<Vec<u8>>,
 }
 
 /// Everything a snapshot holds of the two roots, by path relative to each root.
 #[derive(Debug, Default, Clone)]
 pub struct Recording {
+    /// Entries under the sys root.
     pub sys: BTreeMap<PathBuf, Entry>,
+    /// Entries under the dev root.
     pub dev: BTreeMap<PathBuf, Entry>,
     /// /sys files longer than [`MAX_FILE`], kept truncated.
     pub truncated: Vec<PathBuf>,
