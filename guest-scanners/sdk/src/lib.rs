@@ -7,6 +7,8 @@
 //!
 //! * [`sysfs`]: read attributes, symlink names and class directories under `/sys` (std::fs);
 //! * [`devfs`]: list, stat and glob `/dev` through the host's metadata-only `devfs` interface;
+//! * [`hostfs`]: both behind one trait ([`hostfs::HostFs`]), with an in-memory fake for unit
+//!   tests ([`hostfs::FakeFs`]) and the one `realpath` walk;
 //! * [`pci`]: PCI addresses, ids, bound drivers and IOMMU groups;
 //! * [`usb`]: attached USB devices (ids, serial numbers, `/dev/bus/usb` nodes);
 //! * [`envs`]: per-device numbered envs (`QAT3`), renumbered per container by a post-allocator;
@@ -58,6 +60,7 @@ pub mod config;
 pub mod devfs;
 pub mod envs;
 pub mod health;
+pub mod hostfs;
 pub mod json;
 pub mod notes;
 pub mod pathglob;

@@ -6,7 +6,8 @@
 //! place keeps those scanners agreeing on which devices exist. The parsing is a plain function
 //! ([`parse_device`]) so it can be tested off wasm.
 
-use crate::sysfs;
+use crate::hostfs::HostFs;
+use crate::sysfs::StdFs;
 
 /// Where the kernel lists every USB device and interface by its sysfs name.
 pub const DEVICES_DIR: &str = "/sys/bus/usb/devices";
@@ -61,10 +62,16 @@ pub fn parse_device(
 
 /// Every attached USB device, in sysfs name order.
 pub fn list() -> Vec<UsbDevice> {
-    sysfs::list_dir(DEVICES_DIR)
+    list_in(&StdFs)
+}
+
+/// Every attached USB device `fs` shows, in sysfs name order: [`list`] over any [`HostFs`], so a
+/// scanner's unit tests can plug devices into a [`crate::hostfs::FakeFs`].
+pub fn list_in(fs: &impl HostFs) -> Vec<UsbDevice> {
+    fs.names(DEVICES_DIR)
         .into_iter()
         .filter_map(|name| {
-            let attr = |a: &str| sysfs::read_attr(format!("{DEVICES_DIR}/{name}/{a}"));
+            let attr = |a: &str| fs.read_attr(&format!("{DEVICES_DIR}/{name}/{a}"));
             parse_device(
                 &name,
                 attr("idVendor").as_deref(),
