@@ -7,7 +7,7 @@
 //! since devices come and go between scans.
 
 use crate::devfs::{Node, NodeKind};
-use crate::hostfs::{self, HostFs, ReadError};
+use crate::hostfs::{HostFs, ReadError};
 use crate::pathglob::{self, DirSource, Match};
 use std::fs;
 use std::path::Path;
@@ -31,7 +31,7 @@ pub fn read_link_name(path: impl AsRef<Path>) -> Option<String> {
 ///
 /// Why: Intel's plugins identify devices by resolved sysfs paths (the PCI address of a DRM
 /// card, a VF's physical function, an IOMMU group's number), and `std::fs::canonicalize` is not
-/// available to a WASI guest: this is [`hostfs::realpath`] over `std::fs`.
+/// available to a WASI guest: this is [`crate::hostfs::realpath`] over `std::fs`.
 pub fn resolve(path: impl AsRef<Path>) -> Option<String> {
     StdFs.resolve_sys(path.as_ref().to_str()?)
 }
