@@ -7,6 +7,7 @@
 
 use wdp_guest::config::excerpt;
 use wdp_guest::json::{self, Value};
+use wdp_guest::tree::is_dev_type;
 use wdp_guest::{devfs, sysfs};
 
 /// The environment variable holding the configuration.
@@ -167,23 +168,12 @@ fn list<'a>(at: &str, v: Option<&'a Value>, what: &str) -> Result<&'a [Value], S
     }
 }
 
-/// A Kubernetes resource name part: alphanumerics, `-`, `_`, `.`; alphanumeric at both ends.
-pub fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
 fn device_type(at: &str, v: &Value) -> Result<DeviceType, String> {
     let m = object(at, v, &["name", "groups"])?;
     let name_at = format!("{at}.name");
     let name_v = field(m, "name").ok_or_else(|| format!("{at}: missing field \"name\""))?;
     let name = string(&name_at, name_v, "a string")?;
-    if !valid_name(&name) {
+    if !is_dev_type(&name) {
         return Err(invalid(
             &name_at,
             name_v,
@@ -509,12 +499,13 @@ mod tests {
     }
 
     #[test]
-    fn names() {
-        assert!(valid_name("serial"));
-        assert!(valid_name("a.b-c_d9"));
-        assert!(!valid_name(""));
-        assert!(!valid_name("-a"));
-        assert!(!valid_name("a/b"));
-        assert!(!valid_name(&"a".repeat(64)));
+    fn names_are_resource_names() {
+        let group = r#"[{"paths":[{"path":"/dev/fuse"}]}]"#;
+        let devices = |name: &str| format!(r#"[{{"name":"{name}","groups":{group}}}]"#);
+        assert!(parse_devices(Some(&devices("a.b-c_d9"))).is_ok());
+        for bad in ["", "-a", "a/b"] {
+            let e = parse_devices(Some(&devices(bad))).unwrap_err();
+            assert!(e.contains("a resource name of at most 63"), "{bad:?}: {e}");
+        }
     }
 }

@@ -220,6 +220,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dev_types_are_kubelet_resource_names() {
+        assert!(is_dev_type("serial") && is_dev_type("a.b-c_d9") && is_dev_type(&"a".repeat(63)));
+        for bad in ["", "-a", "a-", "a/b", "a b"] {
+            assert!(!is_dev_type(bad), "{bad:?}");
+        }
+        assert!(!is_dev_type(&"a".repeat(64)));
+    }
+
+    #[test]
     fn device_info_builder() {
         let info = DeviceInfo::new()
             .node("/dev/kvm", "/dev/kvm", "rw")
