@@ -15,6 +15,7 @@ pub struct Notes {
 }
 
 impl Notes {
+    /// No note printed yet: keep one across the scans of a scanner's loop.
     pub fn new() -> Self {
         Self::default()
     }

@@ -26,6 +26,8 @@ pub trait DirSource {
 pub struct Match {
     /// absolute path, e.g. "/dev/ttyUSB0"
     pub path: String,
+    /// What the source said of it: from the directory listing, or a stat for a literal final
+    /// component.
     pub node: Node,
 }
 

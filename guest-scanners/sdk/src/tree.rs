@@ -109,6 +109,7 @@ pub struct TreeBuilder {
 }
 
 impl TreeBuilder {
+    /// An empty tree: one per scan.
     pub fn new() -> Self {
         Self::default()
     }
