@@ -8,7 +8,7 @@
 use wdp_guest::config::excerpt;
 use wdp_guest::json::{self, Value};
 use wdp_guest::tree::is_dev_type;
-use wdp_guest::{devfs, sysfs};
+use wdp_guest::{devfs, sysfs, usb};
 
 /// The environment variable holding the configuration.
 pub const DEVICES_ENV: &str = "DEVICES";
@@ -300,19 +300,10 @@ fn path(at: &str, v: &Value) -> Result<PathSpec, String> {
 /// A USB id: a string of 1 to 4 hex digits (optionally `0x`-prefixed), or a JSON number whose
 /// digits are read as hex (as squat's plugin does: `1050` means 0x1050).
 pub fn parse_usb_id(v: &Value) -> Option<u16> {
-    let s = match v {
-        Value::String(s) => s.trim(),
-        Value::Number(n) => n.as_str(),
-        _ => return None,
-    };
-    let s = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
-    if s.is_empty() || s.len() > 4 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
+    match v {
+        Value::String(s) | Value::Number(s) => usb::parse_id(s),
+        _ => None,
     }
-    u16::from_str_radix(s, 16).ok()
 }
 
 fn usb_spec(at: &str, v: &Value) -> Result<UsbSpec, String> {

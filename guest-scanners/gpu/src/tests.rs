@@ -3,6 +3,7 @@
 use super::*;
 use options::IdFilter;
 use wdp_guest::hostfs::FakeFs;
+use wdp_guest::tree::type_ids as ids;
 
 /// The sysfs directory of the PCI device at `bdf`.
 fn device_dir(bdf: &str) -> String {
@@ -108,16 +109,6 @@ fn machine() -> FakeFs {
         fs.link(&format!("{BYPATH_DIR}/{link}"), target);
     }
     fs
-}
-
-fn ids(t: &DeviceTree) -> Vec<String> {
-    t.iter()
-        .flat_map(|g| {
-            g.devices
-                .iter()
-                .map(move |d| format!("{}/{}", g.dev_type, d.id))
-        })
-        .collect()
 }
 
 fn paths(specs: &[DeviceSpec]) -> Vec<&str> {

@@ -209,6 +209,7 @@ wdp_guest::export_scanner!(Idxd);
 mod tests {
     use super::*;
     use wdp_guest::hostfs::FakeFs;
+    use wdp_guest::tree::type_ids;
 
     /// Queue `wq` of device `dev` in sysfs, with its state, mode and type.
     fn queue(fs: &mut FakeFs, dev: &str, wq: &str, state: &str, mode: &str, ty: &str) {
@@ -234,14 +235,7 @@ mod tests {
     }
 
     fn ids(s: &Scan) -> Vec<String> {
-        s.tree
-            .iter()
-            .flat_map(|g| {
-                g.devices
-                    .iter()
-                    .map(move |d| format!("{}/{}", g.dev_type, d.id))
-            })
-            .collect()
+        type_ids(&s.tree)
     }
 
     fn fake() -> FakeFs {

@@ -107,6 +107,7 @@ wdp_guest::export_scanner!(Npu);
 mod tests {
     use super::*;
     use wdp_guest::hostfs::FakeFs;
+    use wdp_guest::tree::type_ids as ids;
 
     /// `devs` as (name, vendor, device) under /sys/class/accel, `nodes` under /dev.
     fn fake(devs: &[(&str, &str, &str)], nodes: &[&str]) -> FakeFs {
@@ -120,16 +121,6 @@ mod tests {
             fs.char_dev(node, 261, minor);
         }
         fs
-    }
-
-    fn ids(t: &DeviceTree) -> Vec<String> {
-        t.iter()
-            .flat_map(|g| {
-                g.devices
-                    .iter()
-                    .map(move |d| format!("{}/{}", g.dev_type, d.id))
-            })
-            .collect()
     }
 
     #[test]

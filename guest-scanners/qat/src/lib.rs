@@ -80,13 +80,7 @@ impl wdp_guest::PostAllocator for Qat {
         _requests: Vec<ContainerAllocateRequest>,
         responses: Vec<ContainerAllocateResponse>,
     ) -> Result<Vec<ContainerAllocateResponse>, String> {
-        Ok(responses
-            .into_iter()
-            .map(|mut r| {
-                r.envs = envs::renumber(std::mem::take(&mut r.envs), discover::ENV_PREFIX);
-                r
-            })
-            .collect())
+        Ok(envs::renumber_responses(responses, discover::ENV_PREFIX))
     }
 }
 

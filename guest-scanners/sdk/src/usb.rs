@@ -60,6 +60,22 @@ pub fn parse_device(
     })
 }
 
+/// A USB vendor or product id as people write it: 1 to 4 hex digits, optionally `0x`-prefixed,
+/// surrounding blanks ignored (`"1050"`, `"0x0407"`). Why: scanners that select USB devices by
+/// id from their configuration (`generic`'s usb groups, `usb`'s selectors) should accept the
+/// same spellings.
+pub fn parse_id(s: &str) -> Option<u16> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if s.is_empty() || s.len() > 4 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    u16::from_str_radix(s, 16).ok()
+}
+
 /// Every attached USB device, in sysfs name order.
 pub fn list() -> Vec<UsbDevice> {
     list_in(&StdFs)
@@ -87,6 +103,16 @@ pub fn list_in(fs: &impl HostFs) -> Vec<UsbDevice> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_as_configured() {
+        assert_eq!(parse_id("1050"), Some(0x1050));
+        assert_eq!(parse_id(" 0x0407\n"), Some(0x0407));
+        assert_eq!(parse_id("0XaB"), Some(0xab));
+        for bad in ["", "0x", "12345", "xyz", "-1", "+1"] {
+            assert_eq!(parse_id(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn sysfs_attributes() {

@@ -201,13 +201,7 @@ impl wdp_guest::PostAllocator for Vfio {
         _requests: Vec<ContainerAllocateRequest>,
         responses: Vec<ContainerAllocateResponse>,
     ) -> Result<Vec<ContainerAllocateResponse>, String> {
-        Ok(responses
-            .into_iter()
-            .map(|mut r| {
-                r.envs = envs::renumber(std::mem::take(&mut r.envs), ENV_PREFIX);
-                r
-            })
-            .collect())
+        Ok(envs::renumber_responses(responses, ENV_PREFIX))
     }
 }
 
