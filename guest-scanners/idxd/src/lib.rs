@@ -38,11 +38,11 @@
 use wdp_guest::tree::is_dev_type;
 
 use wdp_guest::{
-    DeviceInfo, DeviceTree, TreeBuilder, config,
+    DeviceInfo, TreeBuilder, config,
     devfs::NodeKind,
     health::Vanished,
     hostfs::{Host, HostFs},
-    notes::Notes,
+    notes::{Notes, Scanned},
 };
 
 /// Which accelerator's queues to serve.
@@ -120,15 +120,8 @@ pub fn queue_nodes(m: &impl HostFs, device: &str, wq: &str) -> Result<DeviceInfo
         .node(&link, &link, "rw"))
 }
 
-/// One scan's tree, and a message for each enabled queue left out.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Scan {
-    pub tree: DeviceTree,
-    pub notes: Vec<String>,
-}
-
 /// One scan of the machine `m` shows (upstream's `scan`).
-pub fn scan(m: &impl HostFs, cfg: &Config) -> Scan {
+pub fn scan(m: &impl HostFs, cfg: &Config) -> Scanned {
     let mut tree = TreeBuilder::new();
     let mut notes = Vec::new();
     for state_path in m.glob(&cfg.state_pattern()) {
@@ -173,7 +166,7 @@ pub fn scan(m: &impl HostFs, cfg: &Config) -> Scan {
         };
         tree.add_shared(&dev_type, &format!("{dev_type}-{wq}"), amount, info);
     }
-    Scan {
+    Scanned {
         tree: tree.build(),
         notes,
     }
@@ -234,7 +227,7 @@ mod tests {
         }
     }
 
-    fn ids(s: &Scan) -> Vec<String> {
+    fn ids(s: &Scanned) -> Vec<String> {
         type_ids(&s.tree)
     }
 

@@ -17,8 +17,9 @@
 use std::collections::HashMap;
 
 use wdp_guest::hostfs::{HostFs, ReadError};
+use wdp_guest::notes::Scanned;
 use wdp_guest::tree::is_dev_type;
-use wdp_guest::{DeviceInfo, DeviceTree, Health, TreeBuilder};
+use wdp_guest::{DeviceInfo, Health, TreeBuilder};
 
 use crate::config::{Config, DpdkDriver, VF_DEVICE_DRIVERS};
 
@@ -34,14 +35,6 @@ pub const ENV_PREFIX: &str = "QAT";
 pub const GENERIC: &str = "generic";
 /// VF ids whose PF reports its configured services (Gen4 4xxx/401xx/402xx, 420xx, Gen6).
 pub const VF_IDS_WITH_SERVICES: [&str; 5] = ["4941", "4943", "4945", "4947", "4949"];
-
-/// One scan's result: the tree, and a message for each VF left out or described with a
-/// fallback (the caller logs each once).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Scan {
-    pub tree: DeviceTree,
-    pub notes: Vec<String>,
-}
 
 /// The last component of a path.
 pub fn basename(path: &str) -> &str {
@@ -256,9 +249,9 @@ pub fn access(m: &impl HostFs, driver: DpdkDriver, vf: &str) -> Result<DeviceInf
 /// One scan of the machine `m` shows.
 ///
 /// Where upstream changes the machine or stops, this scan leaves a VF out and says why in
-/// [`Scan::notes`]: a VF not bound to the DPDK driver (upstream rebinds it), a VF whose id,
+/// [`Scanned::notes`]: a VF not bound to the DPDK driver (upstream rebinds it), a VF whose id,
 /// IOMMU group, uio device or device nodes cannot be found (upstream exits).
-pub fn scan(m: &impl HostFs, cfg: &Config) -> Scan {
+pub fn scan(m: &impl HostFs, cfg: &Config) -> Scanned {
     let mut tree = TreeBuilder::new();
     let mut notes = Vec::new();
     let mut health_cache = HashMap::new();
@@ -292,7 +285,7 @@ pub fn scan(m: &impl HostFs, cfg: &Config) -> Scan {
             .health(vf_health(m, vf, &mut health_cache));
         tree.add(&dev_type, bdf, info);
     }
-    Scan {
+    Scanned {
         tree: tree.build(),
         notes,
     }
@@ -338,7 +331,7 @@ mod tests {
         Config::parse(|_| None).unwrap()
     }
 
-    fn summary(scan: &Scan) -> Vec<String> {
+    fn summary(scan: &Scanned) -> Vec<String> {
         scan.tree
             .iter()
             .flat_map(|g| {

@@ -40,11 +40,10 @@ use std::collections::BTreeSet;
 use wdp_guest::tree::is_dev_type;
 
 use wdp_guest::{
-    ContainerAllocateRequest, ContainerAllocateResponse, DeviceInfo, DeviceTree, TreeBuilder,
-    config, envs,
+    ContainerAllocateRequest, ContainerAllocateResponse, DeviceInfo, TreeBuilder, config, envs,
     health::Vanished,
     hostfs::{Host, HostFs},
-    notes::Notes,
+    notes::{Notes, Scanned},
 };
 
 /// The PCI device ids to serve.
@@ -119,16 +118,9 @@ pub fn parse_device_ids(value: Option<&str>) -> Result<BTreeSet<String>, String>
     Ok(ids)
 }
 
-/// One scan's tree, and a message for each matching function left out.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Scan {
-    pub tree: DeviceTree,
-    pub notes: Vec<String>,
-}
-
 /// One scan of the machine `m` shows (upstream's `scan`, see the crate documentation for the
 /// differences).
-pub fn scan(m: &impl HostFs, cfg: &Config) -> Scan {
+pub fn scan(m: &impl HostFs, cfg: &Config) -> Scanned {
     let mut tree = TreeBuilder::new();
     let mut notes = Vec::new();
     let mut n = 0;
@@ -174,7 +166,7 @@ pub fn scan(m: &impl HostFs, cfg: &Config) -> Scan {
             .env(format!("{ENV_PREFIX}{n}"), bdf);
         tree.add(&cfg.dev_type, bdf, info);
     }
-    Scan {
+    Scanned {
         tree: tree.build(),
         notes,
     }
@@ -248,7 +240,7 @@ mod tests {
             .unwrap()
     }
 
-    fn summary(s: &Scan) -> Vec<String> {
+    fn summary(s: &Scanned) -> Vec<String> {
         s.tree
             .iter()
             .flat_map(|g| {
