@@ -36,9 +36,10 @@ all: build
 setup: setup-rust setup-podman
 	@scripts/setup-toolchains.sh
 
-## setup-podman: Debian's podman and runc, a real container runtime for the tests that run the
-## shipped image and resolve CDI devices (crun, podman's default, refuses some cgroup layouts),
-## and a C compiler that links statically (the CDI test's one-program image)
+## setup-podman: Debian's podman and runc, a real container runtime for `make image` and for the
+## tests that run the shipped image and resolve CDI devices (crun, podman's default, refuses some
+## cgroup layouts), and a C compiler that links statically (the one-program images of those
+## tests; its binutils give scripts/image.sh `strip`)
 setup-podman:
 	@command -v podman >/dev/null && command -v runc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }
 	@# The CDI test's image is one program linked statically: a C compiler with a static libc.
