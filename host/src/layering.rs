@@ -8,11 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Edges known to close a cycle and tolerated: the OCI client names the sandbox's advice for a
-/// core module, which the sandbox's loader also gives. An entry that no longer matches an edge
-/// fails the test, so none outlives its reason.
-const TOLERATED: &[(&str, &str)] = &[("oci", "sandbox")];
-
 /// Each top-level module of `src` and the `.rs` files that make it up.
 fn modules(src: &Path) -> BTreeMap<String, Vec<PathBuf>> {
     let mut modules = BTreeMap::new();
@@ -145,15 +140,8 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 #[test]
 fn top_level_modules_import_one_way() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut graph = graph(&src);
+    let graph = graph(&src);
     assert!(graph.len() > 10, "found the crate's modules: {graph:?}");
-    for (from, to) in TOLERATED {
-        let removed = graph.get_mut(*from).is_some_and(|edges| edges.remove(*to));
-        assert!(
-            removed,
-            "{from} -> {to} is tolerated but no longer imported: drop it from TOLERATED"
-        );
-    }
     if let Some(cycle) = find_cycle(&graph) {
         panic!(
             "import cycle between top-level modules: {} (each imports the next; move the shared \

@@ -12,9 +12,6 @@ pub mod cdi;
 pub mod cdi_version;
 pub mod cli;
 pub mod config;
-// Its items are not yet documented one by one; the lint holds for the rest of the crate.
-#[allow(missing_docs)]
-pub mod contract;
 pub mod fleet;
 #[cfg(test)]
 mod fuzz;
@@ -27,9 +24,6 @@ mod layering;
 pub mod manager;
 pub mod metrics;
 pub mod names;
-// Its items are not yet documented one by one; the lint holds for the rest of the crate.
-#[allow(missing_docs)]
-pub mod oci;
 pub mod policy;
 pub mod preferred;
 pub mod sandbox;

@@ -2,6 +2,7 @@
 //! `build.rs`), sysfs/dev fixture trees with real device nodes, and the `wdp` binary.
 
 pub mod fixture;
+pub mod podman;
 pub mod registry;
 
 use std::path::PathBuf;
