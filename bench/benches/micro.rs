@@ -13,11 +13,11 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use prost::Message;
 use wdp::allocate::{self, ContainerResponse};
 use wdp::hostfs::DevFs;
-use wdp::kubelet::api;
 use wdp::policy::Policy;
 use wdp::topology::Topology;
 use wdp::tree::DeviceTree;
 use wdp_bench::fixtures::{self, Fixture};
+use wdp_kubelet::api;
 
 const BULK: usize = 10_000;
 

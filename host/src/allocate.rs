@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use crate::bindings::types as wit;
-use crate::kubelet::api;
 use crate::tree::{self, DeviceGroup, DeviceSpec, Health, Mount, OutputError};
+use wdp_kubelet::api;
 
 /// What one container receives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

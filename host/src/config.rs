@@ -26,11 +26,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::cdi::{CdiConfig, CdiFormat};
-use crate::names;
 use crate::policy::Policy;
 use crate::sandbox::GuestLimits;
 use crate::tree::{is_env_name, is_normal_absolute_path};
 use crate::units;
+use wdp_kubelet::names;
 
 /// A checked configuration.
 #[derive(Debug, Clone, PartialEq)]

@@ -20,12 +20,12 @@ use crate::bindings::post_allocator::PostAllocatorPluginPre;
 use crate::bindings::pre_starter::PreStarterPluginPre;
 use crate::bindings::preferred_allocator::PreferredAllocatorPluginPre;
 use crate::bindings::types as wit;
-use crate::kubelet::api;
 use crate::metrics::Hook;
 use crate::policy::Policy;
 use crate::sandbox::{
     Guest, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
 };
+use wdp_kubelet::api;
 
 /// The longest a `pre-start-container` call may run: kubelet's 30 s deadline for the whole
 /// PreStartContainer call, less room for instantiation, the gRPC round trip and a loaded node.

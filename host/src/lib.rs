@@ -18,12 +18,10 @@ mod fuzz;
 pub mod hooks;
 pub mod hostfs;
 pub mod http;
-pub mod kubelet;
 #[cfg(test)]
 mod layering;
 pub mod manager;
 pub mod metrics;
-pub mod names;
 pub mod policy;
 pub mod preferred;
 pub mod sandbox;

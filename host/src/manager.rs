@@ -15,11 +15,11 @@ use tokio::sync::mpsc;
 
 use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::hooks::Hooks;
-use crate::names::Resource;
 use crate::scanner::ScannerEvent;
 use crate::server::{PluginSockets, ResourceServer};
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceGroup, DeviceTree};
+use wdp_kubelet::names::Resource;
 
 /// Which dev-types changed between two trees (sorted, each type in at most one list).
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -276,7 +276,9 @@ fn attached_strings<'a>(
 /// The longest dev-type whose socket `<plugin_dir>/<namespace>-<dev-type>.sock` still fits.
 pub fn dev_type_budget(plugin_dir_len: usize, namespace: &str) -> usize {
     let fixed = plugin_dir_len + 1 + namespace.len() + 1 + ".sock".len();
-    crate::names::MAX_SOCKET_PATH.saturating_sub(fixed).min(63)
+    wdp_kubelet::names::MAX_SOCKET_PATH
+        .saturating_sub(fixed)
+        .min(63)
 }
 
 #[cfg(test)]

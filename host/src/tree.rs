@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::bindings::types as wit;
-use crate::names::is_dev_type;
+use wdp_kubelet::names::is_dev_type;
 
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -505,7 +505,7 @@ fn is_device_id(s: &str) -> bool {
 
 /// A DNS subdomain as Kubernetes checks one (apimachinery's `IsDNS1123Subdomain`).
 pub(crate) fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && crate::names::is_dns1123_subdomain(s)
+    !s.is_empty() && wdp_kubelet::names::is_dns1123_subdomain(s)
 }
 
 /// Kubernetes' annotation key rule (`IsQualifiedName`): `[prefix/]name`.

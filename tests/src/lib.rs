@@ -248,7 +248,7 @@ pub fn kernel_uevent() {
 
 /// One container's device specs from an Allocate answer, as `(host path, container path,
 /// permissions)` in answer order: what Allocate tests compare.
-pub fn node_specs(c: &wdp::kubelet::api::ContainerAllocateResponse) -> Vec<(&str, &str, &str)> {
+pub fn node_specs(c: &wdp_kubelet::api::ContainerAllocateResponse) -> Vec<(&str, &str, &str)> {
     c.devices
         .iter()
         .map(|d| {

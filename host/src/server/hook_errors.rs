@@ -6,7 +6,7 @@ use tonic::Status;
 
 use crate::allocate::AllocateError;
 use crate::hooks::HookError;
-use crate::names::Resource;
+use wdp_kubelet::names::Resource;
 
 /// A call the plugin did not advertise to kubelet (no hook exports it).
 pub(super) fn not_advertised() -> Status {

@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::PluginSockets;
 use super::service::PluginService;
-use crate::kubelet::api::device_plugin_server::DevicePluginServer;
-use crate::kubelet::dir::{self, DirEvent};
-use crate::kubelet::register;
+use wdp_kubelet::api::device_plugin_server::DevicePluginServer;
+use wdp_kubelet::dir::{self, DirEvent};
+use wdp_kubelet::register;
 
 /// Why a served socket stopped being useful, or its registration did.
 enum Restart {

@@ -13,7 +13,7 @@
 //!
 //! One concept per file: the registration state machine ([`lifecycle`]), the gRPC service and
 //! its conversions ([`service`]), what a hook's failure answers kubelet ([`hook_errors`]). The
-//! names a server derives (endpoint, socket path) are [`crate::names::Resource`]'s.
+//! names a server derives (endpoint, socket path) are [`wdp_kubelet::names::Resource`]'s.
 //!
 //! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
 //! or absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
@@ -30,10 +30,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::hooks::Hooks;
-use crate::kubelet::dir::PluginDir;
-use crate::names::Resource;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
+use wdp_kubelet::dir::PluginDir;
+use wdp_kubelet::names::Resource;
 
 use self::lifecycle::{Streams, lifecycle};
 use self::service::PluginService;

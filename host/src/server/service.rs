@@ -16,12 +16,12 @@ use super::lifecycle::{StreamEnd, Streams};
 use crate::allocate::{self, AllocateError, ContainerResponse};
 use crate::bindings::types as wit;
 use crate::hooks::Hooks;
-use crate::kubelet::api::device_plugin_server::DevicePlugin;
-use crate::kubelet::api::{self, DevicePluginOptions};
-use crate::names::Resource;
 use crate::preferred;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
+use wdp_kubelet::api::device_plugin_server::DevicePlugin;
+use wdp_kubelet::api::{self, DevicePluginOptions};
+use wdp_kubelet::names::Resource;
 
 /// The DevicePlugin service of one resource. Cheap to clone: one per connection.
 #[derive(Clone)]

@@ -111,7 +111,7 @@ fn max_dev_type_len(plugin_dir: &Path, s: &ScannerConfig) -> anyhow::Result<usiz
             "namespace {:?} leaves no room for a dev-type in a socket path under {} ({} bytes at most)",
             s.namespace,
             plugin_dir.display(),
-            crate::names::MAX_SOCKET_PATH
+            wdp_kubelet::names::MAX_SOCKET_PATH
         );
     }
     Ok(len)

@@ -1,7 +1,7 @@
 //! Names as kubelet and Linux accept them: resource names, dev-types, socket paths.
 //!
-//! A leaf of the crate: configuration, validation, the servers and the kubelet stand-in all
-//! check names with these rules, so none of them needs another for its naming.
+//! Configuration, validation, the servers and the kubelet stand-in all check names with these
+//! rules, so none of them needs another for its naming.
 //!
 //! kubelet refuses a registration whose resource name fails its `IsExtendedResourceName`
 //! (`pkg/apis/core/helper`): the name must be outside the `kubernetes.io` namespace, must not
