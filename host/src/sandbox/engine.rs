@@ -31,7 +31,8 @@ pub struct Clock {
     woken: Condvar,
 }
 
-/// A guest is running while this lives (see [`Clock::running`]).
+/// A guest is running while this lives. Every store holds one (`Sandbox::store`), so a guest
+/// can execute only while its CPU budget is enforced.
 #[must_use]
 pub struct Running(Arc<Clock>);
 

@@ -11,8 +11,8 @@
 //! registration replaces the endpoint. Stopping cancels the task, which ends every stream,
 //! removes the socket and leaves nothing behind, whatever state it was in.
 //!
-//! One concept per file: the registration state machine ([`lifecycle`]), the gRPC service and
-//! its conversions ([`service`]), what a hook's failure answers kubelet ([`hook_errors`]). The
+//! One concept per file: the registration state machine (`lifecycle.rs`), the gRPC service and
+//! its conversions (`service.rs`), what a hook's failure answers kubelet (`hook_errors.rs`). The
 //! names a server derives (endpoint, socket path) are [`wdp_kubelet::names::Resource`]'s.
 //!
 //! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
