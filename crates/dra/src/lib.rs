@@ -1,0 +1,4 @@
+//! wdp's Dynamic Resource Allocation (`resource.k8s.io/v1`) front-end.
+#![warn(missing_docs)]
+
+pub mod proto;
