@@ -2,3 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod proto;
+pub mod registration;
+pub mod socket;
+#[cfg(test)]
+mod testing;
