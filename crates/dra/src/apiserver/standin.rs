@@ -23,8 +23,10 @@
 //!   unqualified ones; exactly one value per attribute; string and version values at most 64
 //!   bytes, versions semantic versions.
 //!
-//! A test injects claims ([`ApiServerStandIn::insert_claim`]), wipes slices as kubelet does
-//! ([`ApiServerStandIn::wipe_slices`]) and reads what is stored.
+//! It serves plain HTTP, or HTTPS with a bearer token that a test can rotate ([`Options`],
+//! [`ApiServerStandIn::set_token`]): a request without the current token gets 401, as from the
+//! real server. A test injects claims ([`ApiServerStandIn::insert_claim`]), wipes slices as
+//! kubelet does ([`ApiServerStandIn::wipe_slices`]) and reads what is stored.
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
@@ -52,8 +54,49 @@ pub struct ApiServerStandIn {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How the stand-in serves.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Serve HTTPS with this certificate chain and private key (both PEM).
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// Refuse (401) requests without `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+fn acceptor(cert: &[u8], key: &[u8]) -> std::io::Result<tokio_rustls::TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(std::io::Error::other)?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(std::io::Error::other)?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(std::io::Error::other)?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(std::io::Error::other)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve_io<I>(io: I, state: Arc<Mutex<State>>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |request| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(handle(&state, request).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .await;
+}
+
 #[derive(Default)]
 struct State {
+    token: Option<String>,
     version: u64,
     uids: u64,
     slices: BTreeMap<String, ResourceSlice>,
@@ -85,11 +128,23 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl ApiServerStandIn {
-    /// Serves on a free loopback port.
+    /// Serves plain HTTP on a free loopback port, without authentication.
     pub async fn start() -> std::io::Result<Self> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Serves on a free loopback port as `options` say: HTTPS, a bearer token.
+    pub async fn start_with(options: Options) -> std::io::Result<Self> {
+        let acceptor = match &options.tls {
+            Some((cert, key)) => Some(acceptor(cert, key)?),
+            None => None,
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            token: options.token,
+            ..State::default()
+        }));
         let served = state.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -97,18 +152,25 @@ impl ApiServerStandIn {
                     continue;
                 };
                 let state = served.clone();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |request| {
-                        let state = state.clone();
-                        async move { Ok::<_, Infallible>(handle(&state, request).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match acceptor {
+                        Some(acceptor) => {
+                            if let Ok(tls) = acceptor.accept(stream).await {
+                                serve_io(TokioIo::new(tls), state).await;
+                            }
+                        }
+                        None => serve_io(TokioIo::new(stream), state).await,
+                    }
                 });
             }
         });
         Ok(Self { addr, state, task })
+    }
+
+    /// From now on, requests must carry `token` (a rotated service-account token).
+    pub fn set_token(&self, token: &str) {
+        lock(&self.state).token = Some(token.to_owned());
     }
 
     /// The address served.
@@ -263,6 +325,15 @@ fn selected(slice: &ResourceSlice, node: &Option<String>, driver: &Option<String
 }
 
 async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(token) = lock(state).token.clone() {
+        let given = request
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {token}").as_str()) {
+            return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        }
+    }
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let query = request.uri().query().map(str::to_owned);
@@ -745,6 +816,55 @@ mod tests {
         assert_eq!(names, ["c"]);
 
         assert_eq!(client.get_claim("ns", "missing").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn in_cluster_tls_and_a_rotated_token() {
+        let cert = include_bytes!("testdata/cert.pem").to_vec();
+        let key = include_bytes!("testdata/key.pem").to_vec();
+        let server = ApiServerStandIn::start_with(Options {
+            tls: Some((cert.clone(), key)),
+            token: Some("first".into()),
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
+        std::fs::write(dir.path().join("token"), "first\n").unwrap();
+        let client = ApiClient::https("127.0.0.1", server.addr().port(), dir.path()).unwrap();
+        client
+            .create(&slice("a", "node-1", "gpu.example.com", 1))
+            .await
+            .unwrap();
+
+        // kubelet rotates the projected token: the next request reads the new file.
+        server.set_token("second");
+        let err = client.list("node-1", "gpu.example.com").await.unwrap_err();
+        assert!(matches!(err, ApiError::Status { code: 401, .. }), "{err}");
+        std::fs::write(dir.path().join("token"), "second").unwrap();
+        assert_eq!(
+            client
+                .list("node-1", "gpu.example.com")
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        // A CA that did not sign the server's certificate: no connection.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(
+            other.path().join("ca.crt"),
+            include_bytes!("testdata/other-ca.pem"),
+        )
+        .unwrap();
+        std::fs::write(other.path().join("token"), "second").unwrap();
+        let untrusting = ApiClient::https("127.0.0.1", server.addr().port(), other.path()).unwrap();
+        let err = untrusting
+            .list("node-1", "gpu.example.com")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ApiError::Transport(_)), "{err}");
     }
 
     #[test]
