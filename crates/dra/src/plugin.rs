@@ -751,6 +751,72 @@ mod tests {
         second.task.await.unwrap().unwrap();
     }
 
+    fn direct(
+        server: &ApiServerStandIn,
+        checkpoint: Checkpoint,
+    ) -> DraService<crate::apiserver::client::ApiClient> {
+        let (_tx, rx) = watch::channel(inventory());
+        DraService::new(
+            DRIVER,
+            server.client(),
+            rx,
+            checkpoint,
+            Duration::from_secs(1),
+        )
+    }
+
+    fn claim_ref(c: &ResourceClaim) -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            uid: uid(c),
+            name: c.metadata.name.clone().unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_prepares_of_one_device_give_it_to_one_claim() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let service = direct(
+            &server,
+            Checkpoint::open(dir.path().join("cp.json")).unwrap(),
+        );
+        for round in 0..10 {
+            let a = server.insert_claim(claim(&format!("a{round}"), &[("gpu", "gpu-1", false)]));
+            let b = server.insert_claim(claim(&format!("b{round}"), &[("gpu", "gpu-1", false)]));
+            // Each call reads its claim over HTTP before it decides: without serialization both
+            // would see the device free.
+            let (ra, rb) = tokio::join!(
+                service.prepare(vec![claim_ref(&a)]),
+                service.prepare(vec![claim_ref(&b)])
+            );
+            let won = [ra[&uid(&a)].is_ok(), rb[&uid(&b)].is_ok()];
+            assert_eq!(
+                won.iter().filter(|w| **w).count(),
+                1,
+                "round {round}: {ra:?} {rb:?}"
+            );
+            service.unprepare(vec![claim_ref(&a), claim_ref(&b)]).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_is_prepared_that_the_checkpoint_does_not_hold() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        // The checkpoint's directory cannot be created: a file is in the way.
+        std::fs::write(dir.path().join("blocked"), b"").unwrap();
+        let service = direct(
+            &server,
+            Checkpoint::empty(dir.path().join("blocked/cp.json")),
+        );
+        let pod = server.insert_claim(claim("pod", &[("gpu", "gpu-0", false)]));
+        let answer = service.prepare(vec![claim_ref(&pod)]).await;
+        let error = answer[&uid(&pod)].clone().unwrap_err();
+        assert!(error.contains("checkpoint not written"), "{error}");
+        assert!(service.prepared().await.is_empty());
+    }
+
     #[tokio::test]
     async fn the_health_stream_follows_the_inventory() {
         use health_v1::dra_resource_health_client::DraResourceHealthClient;
