@@ -724,6 +724,10 @@ mod tests {
         assert_eq!(answer[&uid(&thief)].error, "");
         let _ = running.stop.send(());
         running.task.await.unwrap().unwrap();
+        assert!(
+            !running.socket.exists(),
+            "the socket is removed at shutdown"
+        );
     }
 
     #[tokio::test]

@@ -236,9 +236,20 @@ mod tests {
         let again = client.get_info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(again, info);
 
+        // Another instance's socket at the path is not taken back, nor removed at shutdown.
+        let elsewhere = dir.path().join("other.sock");
+        let _other = std::os::unix::net::UnixListener::bind(&elsewhere).unwrap();
+        std::fs::rename(&elsewhere, &socket).unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(
+            binds.load(Ordering::SeqCst),
+            2,
+            "no new bind while another socket is there"
+        );
         let _ = stop.send(());
         server.await.unwrap().unwrap();
-        assert!(!socket.exists(), "the socket is removed at shutdown");
+        assert!(socket.exists(), "another instance's socket is left alone");
+        std::fs::remove_file(&socket).unwrap();
     }
 
     #[test]

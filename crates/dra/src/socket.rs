@@ -1,10 +1,12 @@
 //! gRPC served on a Unix socket that is put back when it disappears.
 //!
 //! kubelet's plugin watcher finds plugins by their sockets in `plugins_registry` (inotify, and a
-//! scan when kubelet starts): a socket someone removed (kubelet's own cleanup, an operator, a
-//! second driver instance that unlinked it) is a plugin kubelet no longer knows. So the socket is
-//! checked every interval, and when the path is gone or is another file, it is bound again and
-//! kubelet sees a new socket and registers the driver anew.
+//! scan when kubelet starts) and deregisters a plugin whose socket is removed: a socket someone
+//! deleted (a cleanup of the directory, an operator) is a driver kubelet no longer calls. So the
+//! path is checked every interval, and when it is gone the socket is bound again; kubelet sees a
+//! new socket and registers the driver anew. A different file at the path is left alone: it is
+//! another instance's socket (a rolling update), and two instances taking the path from each other
+//! in turn would leave kubelet registering and deregistering forever.
 
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;
@@ -57,7 +59,7 @@ fn bind(path: &Path) -> Result<(UnixListener, Option<(u64, u64)>), SocketError> 
 }
 
 /// Serves `routes` on `path` until `shutdown` completes, binding the socket again whenever the
-/// file at `path` disappears or is replaced (checked every `check`). `on_bind` runs after each
+/// file at `path` disappears (checked every `check`). `on_bind` runs after each
 /// bind (the first included), so a caller can count re-creations or reset registration state.
 /// On shutdown the socket file is removed, if it is still ours.
 pub async fn serve(
@@ -80,15 +82,21 @@ pub async fn serve(
                     let _ = stopped.await;
                 }),
         );
+        let mut replaced = false;
         let finished = loop {
             tokio::select! {
                 () = &mut shutdown => break true,
-                () = tokio::time::sleep(check) => {
-                    if identity(&path) != ours {
-                        tracing::info!(socket = %path.display(), "socket removed or replaced; binding it again");
+                () = tokio::time::sleep(check) => match identity(&path) {
+                    None => {
+                        tracing::info!(socket = %path.display(), "socket removed; binding it again");
                         break false;
                     }
-                }
+                    Some(now) if Some(now) != ours && !replaced => {
+                        replaced = true;
+                        tracing::warn!(socket = %path.display(), "socket replaced by another file (another instance?); not taking it back");
+                    }
+                    Some(_) => {}
+                },
             }
         };
         let _ = stop.send(());
