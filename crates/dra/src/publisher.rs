@@ -6,7 +6,9 @@
 //! generation, higher than any the API server holds for it and than any this publisher wrote,
 //! so the scheduler never mixes slices of two states. A pass runs at every inventory change and
 //! every `resync`: kubelet deletes all of a node's slices when it starts and a driver's slices
-//! 30 s after the driver stops being usable, and the next pass puts them back.
+//! 30 s after the driver stops being usable, and the next pass puts them back. A pass can also be
+//! asked for without changing anything, with `send_modify(|_| ())` on the inventory's sender:
+//! what the host does when kubelet registers the driver again (it has just wiped the slices).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -306,5 +308,22 @@ mod tests {
         crate::testing::wait_for(|| devices(&server).len() == 2).await;
         let _ = stop.send(());
         task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_pass_is_asked_for_without_a_change() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let (tx, rx) = watch::channel(Inventory {
+            pools: vec![pool("node-a", &["gpu-0"])],
+        });
+        let publisher = Publisher::new(server.client(), DRIVER);
+        let task =
+            tokio::spawn(publisher.run(rx, Duration::from_secs(3600), std::future::pending()));
+        crate::testing::wait_for(|| devices(&server).len() == 1).await;
+        server.wipe_slices(Some("node-a"), None);
+        // No resync for an hour: only the nudge brings the slices back.
+        tx.send_modify(|_| ());
+        crate::testing::wait_for(|| devices(&server).len() == 1).await;
+        task.abort();
     }
 }

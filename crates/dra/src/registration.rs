@@ -9,7 +9,9 @@
 //! there (binding it anew when it is removed, which starts a new registration).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use tokio::sync::watch;
 
 use tonic::{Request, Response, Status};
 
@@ -74,25 +76,32 @@ pub enum RegistrationState {
     Refused(String),
 }
 
-/// The registration state, shared between the server and whoever reports readiness.
-#[derive(Clone, Debug, Default)]
-pub struct RegistrationStatusHandle(Arc<Mutex<RegistrationState>>);
+/// The registration state, shared between the server and whoever reports readiness or acts on
+/// a new registration (kubelet wipes a node's slices when it starts, then registers the driver
+/// again: a caller that [`subscribe`](Self::subscribe)s can republish at once).
+#[derive(Clone, Debug)]
+pub struct RegistrationStatusHandle(Arc<watch::Sender<RegistrationState>>);
+
+impl Default for RegistrationStatusHandle {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(RegistrationState::Pending)))
+    }
+}
 
 impl RegistrationStatusHandle {
     /// What kubelet last said.
     pub fn get(&self) -> RegistrationState {
-        self.0
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+        self.0.borrow().clone()
     }
 
-    /// Records `state`.
+    /// Records `state` and tells the subscribers.
     pub fn set(&self, state: RegistrationState) {
-        match self.0.lock() {
-            Ok(mut s) => *s = state,
-            Err(poisoned) => *poisoned.into_inner() = state,
-        }
+        self.0.send_replace(state);
+    }
+
+    /// A receiver that sees every state recorded from now on.
+    pub fn subscribe(&self) -> watch::Receiver<RegistrationState> {
+        self.0.subscribe()
     }
 }
 
@@ -207,6 +216,7 @@ mod tests {
         );
 
         assert_eq!(status.get(), RegistrationState::Pending);
+        let mut news = status.subscribe();
         client
             .notify_registration_status(RegistrationStatus {
                 plugin_registered: false,
@@ -226,6 +236,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(status.get(), RegistrationState::Registered);
+        assert!(news.has_changed().unwrap(), "subscribers hear of it");
+        assert_eq!(*news.borrow_and_update(), RegistrationState::Registered);
 
         // The socket is removed (as when kubelet's directory is cleaned): it comes back, and the
         // plugin watcher registers it anew.
