@@ -12,8 +12,8 @@ pub struct PluginInfo {
     /// The DRA service socket, an absolute path (`<plugins>/<driver>/dra.sock`).
     #[prost(string, tag = "3")]
     pub endpoint: ::prost::alloc::string::String,
-    /// For DRA: the gRPC services served at `endpoint`, as "<proto package tail>.<service>", e.g.
-    /// "v1.DRAPlugin", "v1beta1.DRAPlugin"; kubelet picks the newest it knows.
+    /// For DRA: the gRPC services served at `endpoint`, as `<last part of the package>.<service>`,
+    /// e.g. "v1.DRAPlugin", "v1beta1.DRAPlugin"; kubelet picks the newest it knows.
     #[prost(string, repeated, tag = "4")]
     pub supported_versions: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
