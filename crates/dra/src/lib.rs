@@ -42,7 +42,7 @@
 //!     Duration::from_secs(10));
 //! let status = RegistrationStatusHandle::default();
 //! let registrar = Registrar::new(&endpoints, status.clone());
-//! tokio::spawn(socket::serve(endpoints.dra_socket(), service.routes(true),
+//! tokio::spawn(socket::serve(endpoints.dra_socket(), service.routes(&endpoints),
 //!     Duration::from_secs(1), std::future::pending(), || {}));
 //! tokio::spawn(socket::serve(endpoints.registration_socket(),
 //!     tonic::service::Routes::new(registrar.into_service()), Duration::from_secs(1),

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::apiserver::ClaimSource;
 use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
 use crate::proto::health_v1;
+use crate::registration::Endpoints;
 use crate::seam::Inventory;
 
 /// A claim as kubelet names it.
@@ -92,15 +93,16 @@ impl<C: ClaimSource> DraService<C> {
     }
 
     /// The gRPC services for the DRA socket: DRAPlugin v1 and v1beta1, and DRAResourceHealth
-    /// when `health` is set (advertise it in registration accordingly).
-    pub fn routes(&self, health: bool) -> Routes {
+    /// when `endpoints` says it is served: the same value GetInfo advertises, so the two never
+    /// disagree.
+    pub fn routes(&self, endpoints: &Endpoints) -> Routes {
         let mut routes = Routes::new(
             crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(self.clone()),
         )
         .add_service(
             crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(self.clone()),
         );
-        if health {
+        if endpoints.health {
             routes = routes.add_service(
                 health_v1::dra_resource_health_server::DraResourceHealthServer::new(self.clone()),
             );
@@ -539,7 +541,12 @@ mod tests {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(crate::socket::serve(
             socket.clone(),
-            service.routes(true),
+            service.routes(&Endpoints {
+                driver: DRIVER.into(),
+                plugins_registry: dir.join("registry"),
+                plugins: dir.to_path_buf(),
+                health: true,
+            }),
             Duration::from_secs(1),
             async {
                 let _ = stopped.await;
