@@ -105,7 +105,7 @@ lint: setup
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --locked --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --target-dir $(GUEST_TARGET_DIR) -- -D warnings
 
-## proto: rewrite host/src/kubelet/v1beta1.rs from proto/deviceplugin.proto (after changing the
+## proto: rewrite crates/kubelet/src/v1beta1.rs from proto/deviceplugin.proto (after changing the
 ## proto or upgrading prost/tonic; `make test` fails while the checked-in file is stale)
 proto:
 	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test proto
@@ -135,7 +135,7 @@ fuzz:
 demo: rust-guests wdp
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
 
-## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
+## bench: every benchmark figure on this machine (hot-plug latency against a poll-mode baseline,
 ## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native,
 ## a peer built on k8s-device-plugin-lib beside wdp) and the criterion micro-benchmarks; writes
 ## bench/RESULTS.md. Runs as root (fixture device nodes are made with mknod). Builds with the `perf` profile (release without LTO: see

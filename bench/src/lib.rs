@@ -1,4 +1,4 @@
-//! `wdp-bench`: the benchmarks behind `make bench` (issue 8).
+//! `wdp-bench`: the benchmarks behind `make bench`.
 //!
 //! * `benches/micro.rs`: criterion micro-benchmarks of the host's hot paths (tree validation and
 //!   diffing of 10,000 devices, ListAndWatch and Allocate messages, devfs calls).

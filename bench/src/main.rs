@@ -1,4 +1,4 @@
-//! `wdp-bench`: the end-to-end half of `make bench` (issue 8).
+//! `wdp-bench`: the end-to-end half of `make bench`.
 //!
 //! Runs every row of the issue's table against the real thing: `wdp run` as a child process
 //! (the binary next to this one, built with the same profile), the kubelet stand-in over real

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-use wdp::kubelet::standin::{CurrentStreams, Observed, StandIn};
+use wdp_kubelet::standin::{CurrentStreams, Observed, StandIn};
 
 use crate::fixture::Fixture;
 
