@@ -125,7 +125,7 @@ fuzz:
 demo: rust-guests wdp
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
 
-## bench: every figure of issue 8 on this machine (hot-plug latency against a poll-mode baseline,
+## bench: every benchmark figure on this machine (hot-plug latency against a poll-mode baseline,
 ## Allocate, kubelet restart, start-up, idle memory and wake-ups, 10,000 devices, wasm vs native,
 ## a peer built on k8s-device-plugin-lib beside wdp) and the criterion micro-benchmarks; writes
 ## bench/RESULTS.md. Runs as root (fixture device nodes are made with mknod). Builds with the `perf` profile (release without LTO: see

@@ -11,7 +11,7 @@ use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines};
 
-use crate::common::{plugin_dir, scan_allowing, write_config};
+use crate::common::scan_allowing;
 
 /// One way to start a bundled scanner: its options and allowed mounts, over a fixture.
 pub(crate) struct Case {
@@ -272,11 +272,8 @@ async fn serve_until_listed(case: &Case, f: &Fixture, entry: &Value) -> Vec<(Str
         .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
     let types: Vec<&String> = tree.as_object().unwrap().keys().collect();
     assert!(!types.is_empty(), "{}: an empty tree", case.label());
-    let config = write_config(
-        f,
-        &serde_yaml_ng::to_string(&json!({"scanners": [entry]})).unwrap(),
-    );
-    let plugins = plugin_dir(f);
+    let config = f.write_config(&serde_yaml_ng::to_string(&json!({"scanners": [entry]})).unwrap());
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(f, &config, &plugins);
     let resources: Vec<String> = types
         .iter()

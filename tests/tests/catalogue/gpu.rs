@@ -8,7 +8,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines, wdp};
 
-use crate::common::{ids, plugin_dir, write_config};
+use crate::common::{ids, ids_of};
 
 /// The DRM major (`/proc/devices`: 226 drm).
 const DRM_MAJOR: u32 = 226;
@@ -129,15 +129,6 @@ fn scan_ok(f: &Fixture, env: &[&str]) -> Value {
     let mut trees = json_lines(&out.stdout);
     assert_eq!(trees.len(), 1, "--once prints one tree");
     trees.remove(0)
-}
-
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    let mut v: Vec<(String, Vec<String>)> = pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect();
-    v.sort();
-    v
 }
 
 fn node(path: &str) -> Value {
@@ -310,9 +301,7 @@ fn a_pf_with_vfs_gives_way_to_its_vfs() {
 
 /// A `wdp run` config serving the gpu scanner with by-path mounts allowed.
 fn config(f: &Fixture, env: &str) -> std::path::PathBuf {
-    write_config(
-        f,
-        &format!(
+    f.write_config(&format!(
             "scanners:\n  - name: gpu\n    component: {}\n    namespace: gpu.intel.com\n    env: {{ RESCAN_INTERVAL_MS: 600000{env} }}\n    policy: {{ allowed-mounts: [{ALLOW_BYPATH}] }}\n",
             guest("gpu").display()
         ),
@@ -324,7 +313,7 @@ async fn allocate_gives_the_gpu_nodes_and_its_bypath_links() {
     let f = Fixture::new();
     machine(&f);
     let config = config(&f, ", BYPATH: single, SHARED_DEV_NUM: 2");
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("gpu.intel.com/i915", &["card0-0", "card0-1"])
         .await;
@@ -376,7 +365,7 @@ async fn unbinding_the_driver_turns_the_gpu_unhealthy_until_it_returns() {
     let f = Fixture::new();
     machine(&f);
     let config = config(&f, "");
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let xe = "gpu.intel.com/xe";
     seen.devices(xe, &["card1-0"]).await;
