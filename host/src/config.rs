@@ -67,7 +67,7 @@ pub struct ScannerConfig {
     pub env: Vec<(String, String)>,
     pub post_allocator: Option<ComponentSource>,
     /// Public key an `oci://` component's signature must verify with.
-    pub verify_key: Option<crate::oci::sign::PublicKey>,
+    pub verify_key: Option<wdp_oci::sign::PublicKey>,
     pub limits: GuestLimits,
     pub policy: Policy,
     /// Write CDI spec files for its devices (see [`crate::cdi`]); None: no CDI.
@@ -234,9 +234,9 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             ));
         }
         let source = |k: &str, value: &str| -> Result<ComponentSource, ConfigError> {
-            if value.starts_with(crate::oci::SCHEME) {
-                let reference = crate::oci::parse_reference(value)
-                    .map_err(|e| invalid(key(k), e.to_string()))?;
+            if value.starts_with(wdp_oci::SCHEME) {
+                let reference =
+                    wdp_oci::parse_reference(value).map_err(|e| invalid(key(k), e.to_string()))?;
                 if raw_require_digest && reference.digest().is_none() {
                     return Err(invalid(
                         key(k),
@@ -261,7 +261,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             .transpose()?;
         let verify_key = s
             .verify_key
-            .map(|k| crate::oci::sign::PublicKey::from_file(&resolve(base, &k)))
+            .map(|k| wdp_oci::sign::PublicKey::from_file(&resolve(base, &k)))
             .transpose()
             .map_err(|e| invalid(key("verify-key"), e.to_string()))?;
         let mut env = Vec::with_capacity(s.env.len());

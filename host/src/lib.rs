@@ -8,7 +8,6 @@ pub mod allocate;
 pub mod cdi;
 pub mod cli;
 pub mod config;
-pub mod contract;
 pub mod fleet;
 #[cfg(test)]
 mod fuzz;
@@ -17,7 +16,6 @@ pub mod http;
 pub mod kubelet;
 pub mod manager;
 pub mod metrics;
-pub mod oci;
 pub mod policy;
 pub mod preferred;
 pub mod sandbox;

@@ -124,5 +124,5 @@ fn which(name: &str) -> Option<PathBuf> {
 
 /// `sha256:<hex>` of a file, as registries name blobs.
 pub fn sha256_file(path: &std::path::Path) -> String {
-    wdp::oci::sha256_digest(&std::fs::read(path).expect("read file"))
+    wdp_oci::sha256_digest(&std::fs::read(path).expect("read file"))
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 
-use crate::oci::{self, Registry, RegistryOptions};
+use wdp_oci::{self as oci, Registry, RegistryOptions};
 
 /// How to reach the registry.
 #[derive(Debug, Args)]

@@ -111,10 +111,6 @@ pub struct SandboxOptions {
     pub recorder: Option<Arc<crate::snapshot::record::Recorder>>,
 }
 
-/// What to do with a core wasm module, which this host does not run: said wherever one is refused.
-pub const CORE_MODULE_REMEDY: &str =
-    "build it for wasm32-wasip2, or wrap it with `wasm-tools component new`";
-
 /// Errors setting up the sandbox or loading a component.
 ///
 /// Each message carries its cause whole (a wasmtime error with its chain): the cause is not also
@@ -138,7 +134,7 @@ pub enum SandboxError {
     },
     #[error(
         "{path} is not a valid wasm component: it is a core wasm module ({})",
-        CORE_MODULE_REMEDY
+        wdp_oci::contract::CORE_MODULE_REMEDY
     )]
     CoreModule { path: PathBuf },
     #[error(
@@ -153,7 +149,7 @@ pub enum SandboxError {
     #[error("{path} is refused: {error}")]
     Contract {
         path: PathBuf,
-        error: crate::contract::ContractError,
+        error: wdp_oci::contract::ContractError,
     },
     #[error("{path} needs imports this host does not provide: {error:#}")]
     Link {
@@ -285,9 +281,9 @@ impl Sandbox {
         }
         // A contract version this host does not speak is named here, before a compile that would
         // only end in a bare "import not found".
-        if let Ok(world) = crate::oci::artifact::ComponentWorld::of(&bytes) {
+        if let Ok(world) = wdp_oci::artifact::ComponentWorld::of(&bytes) {
             let names = world.imports.iter().chain(&world.exports);
-            crate::contract::check(names.map(String::as_str)).map_err(|error| {
+            wdp_oci::contract::check(names.map(String::as_str)).map_err(|error| {
                 SandboxError::Contract {
                     path: path.to_path_buf(),
                     error,

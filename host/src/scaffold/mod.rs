@@ -14,7 +14,7 @@ pub mod toolchain;
 
 use std::path::{Path, PathBuf};
 
-use crate::contract;
+use wdp_oci::contract;
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded.rs"));

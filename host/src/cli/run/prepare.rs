@@ -15,10 +15,10 @@ use sha2::{Digest, Sha256};
 use crate::config::{ComponentSource, Config, ConfigDiff, ScannerConfig, ScannerIdentity};
 use crate::fleet::{Fleet, Prepared};
 use crate::hooks::Hooks;
-use crate::oci;
 use crate::policy::{self, Policy};
 use crate::sandbox::{GuestSpec, Sandbox};
 use crate::scanner::Scanner;
+use wdp_oci as oci;
 
 /// What applying a config will do: the diff, and the scanners to start (added and changed).
 pub struct Plan {

@@ -10,8 +10,11 @@
 //! configured, a cosign signature over the manifest digest verifies ([`sign`]). Pulled components
 //! go to a content-addressed [`cache`], so a node restarts and serves with the registry down.
 
+#![warn(missing_docs)]
+
 pub mod artifact;
 pub mod cache;
+pub mod contract;
 pub mod sign;
 
 use std::path::{Path, PathBuf};
@@ -35,55 +38,112 @@ pub struct RegistryOptions {
     pub insecure: Vec<String>,
     /// Explicit credentials; otherwise the docker config file, otherwise anonymous.
     pub username: Option<String>,
+    /// The password of `username`.
     pub password: Option<String>,
 }
 
 /// What can go wrong with an artifact. Messages name the reference.
+///
+/// Every variant carries the reference as the user wrote it (`reference`), so a message found in
+/// a log says which config entry or command it belongs to.
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
+    /// The text is not a reference at all.
     #[error(
         "{reference:?} is not a valid OCI reference (registry/repository[:tag][@sha256:digest]): {error}"
     )]
     Reference {
+        /// The reference as written.
         reference: String,
+        /// What the parser refused.
         error: oci_client::ParseError,
     },
+    /// The registry could not be reached, or answered with an error other than "unauthorized".
     #[error("{reference}: the registry could not be reached or refused: {message}")]
-    Registry { reference: String, message: String },
+    Registry {
+        /// The reference as written.
+        reference: String,
+        /// The client's error.
+        message: String,
+    },
+    /// The registry wants credentials: said apart so the message can say where to give them.
     #[error(
         "{reference}: the registry wants credentials it did not get or did not accept (give --username/--password, WDP_REGISTRY_USERNAME/WDP_REGISTRY_PASSWORD, or log in so the docker config file has them): {message}"
     )]
-    Unauthorized { reference: String, message: String },
+    Unauthorized {
+        /// The reference as written.
+        reference: String,
+        /// The registry's answer.
+        message: String,
+    },
+    /// The manifest is not the Wasm artifact layout (a container image, say).
     #[error("{reference}: not a wasm component artifact: {error}")]
     Layout {
+        /// The reference as written.
         reference: String,
+        /// Which part of the layout is wrong.
         error: artifact::LayoutError,
     },
+    /// A pinned digest does not match what the registry served.
     #[error("{reference}: digest mismatch: expected {expected}, got {actual}")]
     Digest {
+        /// The reference as written.
         reference: String,
+        /// The digest the reference pins.
         expected: String,
+        /// The digest of what was served.
         actual: String,
     },
+    /// A blob's content does not hash to the digest its manifest gives.
     #[error(
         "{reference}: a blob does not match its digest (corrupted or tampered with in the registry): {detail}"
     )]
-    Tampered { reference: String, detail: String },
+    Tampered {
+        /// The reference as written.
+        reference: String,
+        /// Which blob, and the two digests.
+        detail: String,
+    },
+    /// The artifact's config lists imports or exports the host does not offer for this role.
     #[error("{reference}: the component's world is not one this host runs: {message}")]
-    World { reference: String, message: String },
+    World {
+        /// The reference as written.
+        reference: String,
+        /// What is missing or foreign.
+        message: String,
+    },
+    /// A key is configured and no signature over the manifest digest verifies with it.
     #[error("{reference}: signature check failed: {message}")]
-    Signature { reference: String, message: String },
+    Signature {
+        /// The reference as written.
+        reference: String,
+        /// Why: no signature, a malformed one, or one made with another key.
+        message: String,
+    },
+    /// The config requires pinned references and this one is a tag.
     #[error(
         "{reference}: a digest is required (the config sets oci.require-digest): pin it as @sha256:..."
     )]
-    DigestRequired { reference: String },
+    DigestRequired {
+        /// The reference as written.
+        reference: String,
+    },
+    /// The local cache could not be read or written.
     #[error("cache {path}: {error}")]
     Cache {
+        /// The file of the cache.
         path: PathBuf,
+        /// The I/O error.
         error: std::io::Error,
     },
+    /// A local file (a component to push, a key) could not be read or is malformed.
     #[error("{path}: {message}")]
-    File { path: PathBuf, message: String },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 /// Parses `registry/repo[:tag][@sha256:...]`, with or without the `oci://` scheme.
@@ -116,7 +176,9 @@ pub struct Pulled {
     pub manifest_digest: String,
     /// The component layer's digest.
     pub layer_digest: String,
+    /// The component, its digest checked.
     pub bytes: Vec<u8>,
+    /// The artifact's config, its layout checked.
     pub config: WasmConfig,
 }
 
@@ -253,7 +315,9 @@ fn classify(reference: &str, e: impl std::fmt::Display) -> OciError {
 /// What a component must look like to run in this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// A component a scanner entry's `component` names: it exports the scanner interface.
     Scanner,
+    /// A component a hook entry names: it exports one or more of the hook interfaces.
     Hooks,
 }
 
@@ -265,7 +329,7 @@ const HOOK_EXPORTS: [&str; 3] = ["post-allocator", "preferred-allocator", "pre-s
 /// Whether `name` is the contract's `interface` at a version this host speaks (the contract check
 /// has refused every other version by then).
 fn is_export(name: &str, interface: &str) -> bool {
-    name.strip_prefix(crate::contract::PACKAGE)
+    name.strip_prefix(contract::PACKAGE)
         .and_then(|n| n.strip_prefix('/'))
         .and_then(|n| n.strip_prefix(interface))
         .is_some_and(|n| n.starts_with('@'))
@@ -285,7 +349,7 @@ pub fn check_world(
     let component =
         component.ok_or_else(|| fail("the artifact config describes no component".into()))?;
     let names = component.imports.iter().chain(&component.exports);
-    crate::contract::check(names.map(String::as_str)).map_err(|e| fail(e.to_string()))?;
+    contract::check(names.map(String::as_str)).map_err(|e| fail(e.to_string()))?;
     let exports = &component.exports;
     let ok = match role {
         Role::Scanner => exports.iter().any(|e| is_export(e, SCANNER_EXPORT)),
@@ -294,13 +358,7 @@ pub fn check_world(
             .any(|e| HOOK_EXPORTS.iter().any(|h| is_export(e, h))),
     };
     if !ok {
-        let at = |i: &str| {
-            format!(
-                "{}/{i}@{}",
-                crate::contract::PACKAGE,
-                crate::contract::VERSION
-            )
-        };
+        let at = |i: &str| format!("{}/{i}@{}", contract::PACKAGE, contract::VERSION);
         let wanted = match role {
             Role::Scanner => at(SCANNER_EXPORT),
             Role::Hooks => HOOK_EXPORTS.map(at).join(" or "),
@@ -322,6 +380,7 @@ pub fn check_world(
 /// How `wdp run` obtains `oci://` components.
 #[derive(Debug, Clone)]
 pub struct FetchPolicy {
+    /// Refuse references without a digest (`oci.require-digest`).
     pub require_digest: bool,
     /// When set, a signature by this key is required.
     pub key: Option<sign::PublicKey>,

@@ -30,6 +30,7 @@ pub const LAYER_MEDIA_TYPE: &str = "application/wasm";
 pub struct WasmConfig {
     /// When the artifact was made (RFC 3339). Kept as text: nothing here depends on it.
     pub created: String,
+    /// Who made it, when the pushing tool recorded it.
     #[serde(default)]
     pub author: Option<String>,
     /// Always `wasm`.
@@ -48,7 +49,9 @@ pub struct WasmConfig {
 /// `wdp:device-plugin/scanner@0.1.0`, or a plain name for a function).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentWorld {
+    /// What the component provides (for a scanner, its `scanner` interface).
     pub exports: Vec<String>,
+    /// What the component needs from the host: checked against what the host offers.
     pub imports: Vec<String>,
     /// The WIT world it targets, when a tool recorded one (for indexes; not read here).
     #[serde(default)]
@@ -58,11 +61,13 @@ pub struct ComponentWorld {
 /// Why bytes cannot be described as a component.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
+    /// A core module: the host runs components only.
     #[error(
         "a core wasm module, not a component ({})",
-        crate::sandbox::CORE_MODULE_REMEDY
+        crate::contract::CORE_MODULE_REMEDY
     )]
     CoreModule,
+    /// Not a wasm binary the parser can read.
     #[error("not a wasm binary: {0}")]
     Malformed(#[from] wasmparser::BinaryReaderError),
 }
@@ -70,24 +75,33 @@ pub enum ArtifactError {
 /// Why a pulled manifest is not a wasm component artifact.
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
+    /// The manifest's own media type (an image index, say).
     #[error("manifest media type {0:?}, not {MANIFEST_MEDIA_TYPE}")]
     ManifestType(String),
+    /// The config blob's media type (a container image's, say).
     #[error("config media type {0:?}, not {CONFIG_MEDIA_TYPE}")]
     ConfigType(String),
+    /// The number of layers: the layout has exactly one.
     #[error("{0} layers, not one")]
     Layers(usize),
+    /// The layer's media type.
     #[error("layer media type {0:?}, not {LAYER_MEDIA_TYPE}")]
     LayerType(String),
+    /// The config blob does not parse as a [`WasmConfig`].
     #[error("its config is not a wasm config: {0}")]
     Config(serde_json::Error),
+    /// The config does not name the layer it describes.
     #[error("the config's layerDigests do not list the layer")]
     UnlistedLayer,
 }
 
 /// What a push sends: the component as the one layer, its config, and the manifest naming both.
 pub struct Package {
+    /// The one layer: the component's bytes.
     pub layers: Vec<ImageLayer>,
+    /// The [`WasmConfig`] as a blob.
     pub config: Config,
+    /// The manifest naming the two.
     pub manifest: OciImageManifest,
 }
 

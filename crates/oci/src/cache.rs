@@ -25,7 +25,9 @@ pub struct Cache {
 /// What a reference resolved to when it was last pulled.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RefEntry {
+    /// The manifest digest the reference resolved to.
     pub manifest_digest: String,
+    /// The component layer's digest: the blob's name in the cache.
     pub layer_digest: String,
     /// Fingerprint of the key the signature was verified with.
     pub verified_key: Option<String>,
@@ -34,8 +36,11 @@ pub struct RefEntry {
 /// A cached component, re-verified.
 #[derive(Debug)]
 pub struct Cached {
+    /// What the reference resolved to.
     pub entry: RefEntry,
+    /// The component file, its digest checked again.
     pub path: PathBuf,
+    /// The artifact config stored with it.
     pub config: WasmConfig,
 }
 

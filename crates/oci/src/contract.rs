@@ -18,19 +18,34 @@ pub const PACKAGE: &str = "wdp:device-plugin";
 /// The contract version this host was built with (`wit/device-plugin.wit`'s `package` line).
 pub const VERSION: &str = "0.1.0";
 
+/// What to do with a core wasm module, which the contract does not cover (only components speak
+/// it): said wherever one is refused, at pull and at load.
+pub const CORE_MODULE_REMEDY: &str =
+    "build it for wasm32-wasip2, or wrap it with `wasm-tools component new`";
+
 /// Why a component's names are not of a contract version this host speaks.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ContractError {
+    /// The component names a version of another compatibility line.
     #[error(
         "it is built for {PACKAGE}@{version} ({name}); this host speaks {PACKAGE}@{} (built with {PACKAGE}@{VERSION}): rebuild it against {PACKAGE}@{VERSION} (`wdp new` writes that WIT; `wkg get {PACKAGE}@{VERSION}` fetches it)",
         line()
     )]
-    Unsupported { name: String, version: String },
+    Unsupported {
+        /// The import or export name that carries the version.
+        name: String,
+        /// The version it names.
+        version: String,
+    },
+    /// The component names the package without a version semver can parse.
     #[error(
         "{name} names {PACKAGE} without a valid version; this host speaks {PACKAGE}@{} (built with {PACKAGE}@{VERSION})",
         line()
     )]
-    Unversioned { name: String },
+    Unversioned {
+        /// The import or export name.
+        name: String,
+    },
 }
 
 /// The compatibility line of this host, as `0.1` or `1`: what its error messages name.
@@ -88,7 +103,7 @@ mod tests {
 
     #[test]
     fn the_version_is_the_wit_packages() {
-        let wit = include_str!("../../wit/device-plugin.wit");
+        let wit = include_str!("../../../wit/device-plugin.wit");
         assert!(
             wit.lines()
                 .any(|l| l.trim() == format!("package {PACKAGE}@{VERSION};")),
