@@ -9,7 +9,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, ids_of, one_scanner_config, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan_once};
 
 /// The dynamic major the kernel gave "dlb".
 const DLB_MAJOR: u32 = 236;

@@ -8,7 +8,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines, wdp};
 
-use crate::common::{ids, ids_of};
+use super::common::{ids, ids_of};
 
 /// The DRM major (`/proc/devices`: 226 drm).
 const DRM_MAJOR: u32 = 226;

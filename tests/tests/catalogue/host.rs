@@ -7,7 +7,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::serve;
 
-use crate::common::scan_once;
+use super::common::scan_once;
 
 pub(crate) const DEVICES: &str = r#"[{"name":"gpu","groups":[{"paths":[{"path":"/dev/dri/card*"}]}]},{"name":"vfio","groups":[{"paths":[{"path":"/dev/vfio/1*"}]}]}]"#;
 

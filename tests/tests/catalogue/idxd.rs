@@ -9,7 +9,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, ids_of, one_scanner_config, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// Dynamic majors of the idxd char devices, one region per device type.
 const DSA_MAJOR: u32 = 236;

@@ -6,7 +6,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, ids_of, one_scanner_config, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The accel subsystem's major (`/proc/devices`: 261 accel).
 const ACCEL_MAJOR: u32 = 261;

@@ -11,7 +11,7 @@ use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines};
 
-use crate::common::{self, ids, ids_of, one_scanner_config, scan, scan_once};
+use super::common::{self, ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The dynamic major the kernel gave "vfio" group nodes (`/proc/devices`).
 const VFIO_MAJOR: u32 = 243;

@@ -7,7 +7,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines, wdp_bin};
 
-use crate::common::{ids, ids_of, one_scanner_config, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The misc major, and the minors the kernel gave the SGX nodes.
 const MISC_MAJOR: u32 = 10;
