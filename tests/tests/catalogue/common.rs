@@ -10,10 +10,15 @@ use wdp_tests::{guest, json_lines, wdp};
 /// The one tree `wdp scan --once` prints for scanner `name` over `f` with `env` (`KEY=VALUE`);
 /// fails the test, with the scanner's stderr, when the scan fails.
 pub fn scan_once(name: &str, f: &Fixture, env: &[&str]) -> Value {
-    let out = scan(name, f, env);
+    scan_once_allowing(name, f, env, &[])
+}
+
+/// [`scan_once`] with mounts below each of `allow` allowed (`--allow-mount`).
+pub fn scan_once_allowing(name: &str, f: &Fixture, env: &[&str], allow: &[&str]) -> Value {
+    let out = scan_allowing(name, f, env, allow);
     assert!(
         out.status.success(),
-        "wdp scan {name} failed: {}",
+        "wdp scan {name} {env:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let mut trees = json_lines(&out.stdout);

@@ -6,9 +6,9 @@
 use serde_json::{Value, json};
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
-use wdp_tests::{guest, json_lines, wdp};
+use wdp_tests::guest;
 
-use super::common::{ids, ids_of};
+use super::common::{ids, ids_of, scan_allowing, scan_once_allowing};
 
 /// The DRM major (`/proc/devices`: 226 drm).
 const DRM_MAJOR: u32 = 226;
@@ -93,42 +93,14 @@ pub(crate) fn machine(f: &Fixture) {
     }
 }
 
-/// `wdp scan --once` of the gpu scanner with by-path mounts allowed (as the config would), the
-/// component compiled once per fixture (the option tests scan a dozen times).
+/// `wdp scan --once` of the gpu scanner with by-path mounts allowed (as the config would).
 fn scan_gpu(f: &Fixture, env: &[&str]) -> std::process::Output {
-    let component = guest("gpu").display().to_string();
-    let (sys, dev) = (f.sys().display().to_string(), f.dev().display().to_string());
-    let cache = f.path().join("compiled").display().to_string();
-    let mut args = vec![
-        "scan",
-        "--component",
-        &component,
-        "--sys-root",
-        &sys,
-        "--dev-root",
-        &dev,
-        "--allow-mount",
-        ALLOW_BYPATH,
-        "--compile-cache",
-        &cache,
-        "--once",
-    ];
-    for e in env {
-        args.extend(["--env", e]);
-    }
-    wdp(&args)
+    scan_allowing("gpu", f, env, &[ALLOW_BYPATH])
 }
 
+/// [`scan_gpu`], failing the test unless it gives one tree.
 fn scan_ok(f: &Fixture, env: &[&str]) -> Value {
-    let out = scan_gpu(f, env);
-    assert!(
-        out.status.success(),
-        "wdp scan gpu {env:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut trees = json_lines(&out.stdout);
-    assert_eq!(trees.len(), 1, "--once prints one tree");
-    trees.remove(0)
+    scan_once_allowing("gpu", f, env, &[ALLOW_BYPATH])
 }
 
 fn node(path: &str) -> Value {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use wdp::kubelet::api;
 use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::host::serve;
-use wdp_tests::{guest, json_lines};
+use wdp_tests::guest;
 
 use super::common::{self, ids, ids_of, one_scanner_config, scan, scan_once};
 
@@ -90,13 +90,7 @@ pub(crate) fn gen4(f: &Fixture) {
 
 /// `wdp scan --once` allowing mounts below `allow` (for igb_uio's `/sys/class/uio` mounts).
 fn scan_allowing(f: &Fixture, env: &[&str], allow: &str) -> Value {
-    let out = common::scan_allowing("qat", f, env, &[allow]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    json_lines(&out.stdout).remove(0)
+    common::scan_once_allowing("qat", f, env, &[allow])
 }
 
 fn without_numa(mut v: Value) -> Value {
