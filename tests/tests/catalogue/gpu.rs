@@ -5,8 +5,8 @@
 
 use serde_json::{Value, json};
 use wdp_tests::fixture::Fixture;
-use wdp_tests::host::serve;
 use wdp_tests::guest;
+use wdp_tests::host::serve;
 
 use super::common::{ids, ids_of, scan_allowing, scan_once_allowing};
 

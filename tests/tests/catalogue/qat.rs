@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wdp::kubelet::api;
 use wdp_tests::fixture::{Fixture, PCI_ROOT};
-use wdp_tests::host::serve;
 use wdp_tests::guest;
+use wdp_tests::host::serve;
 
 use super::common::{self, ids, ids_of, one_scanner_config, scan, scan_once};
 
