@@ -23,27 +23,47 @@ pub enum HostError {
     /// The log file could not be created.
     #[error("create the log file {}: {source}", path.display())]
     Log {
+        /// The log file.
         path: PathBuf,
+        /// Why it could not be created.
         source: std::io::Error,
     },
     /// The program could not be spawned.
     #[error("spawn {}: {source}", program.display())]
     Spawn {
+        /// The program.
         program: PathBuf,
+        /// Why it could not be spawned.
         source: std::io::Error,
     },
     /// The process was gone before its pid could be read.
     #[error("{} exited at once", program.display())]
-    ExitedAtOnce { program: PathBuf },
+    ExitedAtOnce {
+        /// The program.
+        program: PathBuf,
+    },
     /// `kill` could not be run or refused the signal.
     #[error("kill -{signal} {pid} failed")]
-    Signal { signal: String, pid: u32 },
+    Signal {
+        /// The signal's `kill` name.
+        signal: String,
+        /// The process.
+        pid: u32,
+    },
     /// The process outlived [`STOP_TIMEOUT`] after SIGTERM.
     #[error("pid {pid} did not stop within {STOP_TIMEOUT:?} of SIGTERM")]
-    StopTimeout { pid: u32 },
+    StopTimeout {
+        /// The process.
+        pid: u32,
+    },
     /// Waiting for the exit failed.
     #[error("wait for pid {pid}: {source}")]
-    Wait { pid: u32, source: std::io::Error },
+    Wait {
+        /// The process.
+        pid: u32,
+        /// Why waiting failed.
+        source: std::io::Error,
+    },
 }
 
 /// What differs between the `wdp run`s of tests and of benchmarks: the binary (the tests' debug
@@ -247,12 +267,19 @@ impl Drop for Host {
 pub enum WaitError {
     /// The stand-in stopped reporting.
     #[error("the kubelet stand-in closed while waiting for {what}")]
-    Closed { what: String },
+    Closed {
+        /// What was awaited.
+        what: String,
+    },
     /// The state did not come in time.
     #[error("timed out after {timeout:?} waiting for {what}; latest device lists: {lists:?}")]
     TimedOut {
+        /// What was awaited.
         what: String,
+        /// How long it was awaited.
         timeout: Duration,
+        /// The device ids of each open stream's latest list, by resource: what was there
+        /// instead.
         lists: Vec<(String, Vec<String>)>,
     },
 }

@@ -10,15 +10,21 @@ pub enum HttpError {
     /// Connecting, writing or reading failed (e.g. nothing listens yet).
     #[error("GET {path} from {addr}: {source}")]
     Io {
+        /// The address asked.
         addr: String,
+        /// The path asked for.
         path: String,
+        /// What failed.
         source: std::io::Error,
     },
     /// What came back is not an HTTP answer.
     #[error("GET {path} from {addr}: not an HTTP answer: {response:?}")]
     Malformed {
+        /// The address asked.
         addr: String,
+        /// The path asked for.
         path: String,
+        /// What came back.
         response: String,
     },
 }

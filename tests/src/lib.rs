@@ -134,7 +134,9 @@ where
 
 /// A scanner running under [`supervise`]; dropping it stops the guest.
 pub struct Running {
+    /// What the supervisor reports: trees, refusals, failures.
     pub events: mpsc::Receiver<ScannerEvent>,
+    /// The supervisor's task, aborted with the guest when this is dropped.
     _task: AbortOnDropHandle<()>,
 }
 
