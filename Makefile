@@ -2,6 +2,7 @@
 #   make demo   build the wdp binary and the Rust guests, serve this machine's devices to a kubelet
 #               stand-in
 #   make test   build everything, check formatting and lints, run every test
+#   make image  build the shipped image (Containerfile) with podman: localhost/wdp:VERSION
 # Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
 # guest toolchains: scripts/setup-toolchains.sh) on a fresh machine.
 
@@ -25,7 +26,7 @@ TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
+.PHONY: all setup setup-rust setup-podman image build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
 
 all: build
 
@@ -35,9 +36,10 @@ all: build
 setup: setup-rust setup-podman
 	@scripts/setup-toolchains.sh
 
-## setup-podman: Debian's podman and runc, a real container runtime for the tests that run the
-## shipped image and resolve CDI devices (crun, podman's default, refuses some cgroup layouts),
-## and a C compiler that links statically (the CDI test's one-program image)
+## setup-podman: Debian's podman and runc, a real container runtime for `make image` and for the
+## tests that run the shipped image and resolve CDI devices (crun, podman's default, refuses some
+## cgroup layouts), and a C compiler that links statically (the one-program images of those
+## tests; its binutils give scripts/image.sh `strip`)
 setup-podman:
 	@command -v podman >/dev/null && command -v runc >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends podman runc >/dev/null; }
 	@# The CDI test's image is one program linked statically: a C compiler with a static libc.
@@ -74,6 +76,14 @@ wit-package: $(WIT_PACKAGE)
 $(WIT_PACKAGE): wit/device-plugin.wit scripts/setup-toolchains.sh
 	@mkdir -p $(dir $@)
 	$(TOOLS)/bin/wasm-tools component wit wit --wasm -o $@
+
+## image: the shipped image, `localhost/wdp:$(VERSION)` and `:latest`: the release binary and the
+## bundled Rust scanners on `FROM scratch` with the libraries the binary links (scripts/image.sh
+## stages them under target/image/ and runs podman build; README: Installing)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+image: rust-guests setup-podman
+	$(CARGO) build --locked --release -p wdp --bin wdp
+	scripts/image.sh --binary target/release/wdp --tag localhost/wdp:$(VERSION) --tag localhost/wdp:latest
 
 ## host: build the wdp binary and the test targets in one go (dev profile, with an optimised
 ## wasm compiler): one feature resolution for both, so `make test` never compiles wasmtime twice

@@ -6,6 +6,7 @@
 pub mod fixture;
 pub mod host;
 pub mod http;
+pub mod podman;
 pub mod registry;
 
 use std::path::PathBuf;

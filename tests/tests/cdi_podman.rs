@@ -9,7 +9,7 @@
 //! fresh tmpfs is `/dev/shm` (podman's locks), and wdp's spec directory is bound at `/etc/cdi`
 //! (`/var/run/cdi` hidden): nothing of the machine's own is written or seen. The image is one
 //! static program (`tests/probe/cdi-probe.c`) that prints what the container sees, run with
-//! `--rootfs`; podman keeps its state in a temp directory.
+//! `--rootfs`; podman keeps its state in a temp directory (`wdp_tests::podman`).
 
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -23,6 +23,7 @@ use wdp::cdi::schema;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::serve;
+use wdp_tests::podman::{self, RUN_LIMITS};
 
 /// The probe's major: 120-127 are reserved for local use and never given to a driver, so an
 /// open that passes the device cgroup fails with ENXIO, one that does not with EPERM.
@@ -30,7 +31,7 @@ const PROBE_MAJOR: u32 = 121;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podman_resolves_wdp_devices_from_the_specs_wdp_writes() {
-    if let Err(why) = which("podman").and(which("runc")) {
+    if let Err(why) = podman::which("podman").and(podman::which("runc")) {
         println!("skipped: {why} (`make setup` installs podman and runc)");
         return;
     }
@@ -145,28 +146,18 @@ async fn podman_resolves_wdp_devices_from_the_specs_wdp_writes() {
     kubelet.stop().await;
 }
 
-/// `Ok` if `program` is on PATH.
-fn which(program: &str) -> Result<(), String> {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false);
-    found
-        .then_some(())
-        .ok_or_else(|| format!("{program} is not installed"))
-}
-
 /// A podman whose state lives in a temp directory and whose `/dev` and `/etc/cdi` are the
 /// fixture's (see the file's comment).
 struct Podman {
-    dir: tempfile::TempDir,
+    podman: podman::Podman,
     rootfs: PathBuf,
     namespace: Namespace,
 }
 
 impl Podman {
     fn new(f: &Fixture, cdi_dir: &Path) -> Podman {
-        let dir = tempfile::tempdir().unwrap();
-        let rootfs = dir.path().join("rootfs");
+        let podman = podman::Podman::new().expect("podman and runc are installed");
+        let rootfs = podman.dir().join("rootfs");
         std::fs::create_dir_all(&rootfs).unwrap();
         let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("probe/cdi-probe.c");
         let cc = std::process::Command::new("cc")
@@ -181,9 +172,9 @@ impl Podman {
             source.display(),
             String::from_utf8_lossy(&cc.stderr)
         );
-        let namespace = Namespace::new(dir.path(), &f.dev(), cdi_dir);
+        let namespace = Namespace::new(podman.dir(), &f.dev(), cdi_dir);
         Podman {
-            dir,
+            podman,
             rootfs,
             namespace,
         }
@@ -192,34 +183,9 @@ impl Podman {
     /// Runs the probe over `paths` with `--device` for each of `devices`; what it printed, or
     /// why podman failed.
     async fn run(&self, devices: &[String], paths: &[&str]) -> Result<Probe, String> {
-        let state = |name: &str| self.dir.path().join(name);
-        let mut cmd = tokio::process::Command::new("podman");
-        cmd.arg("--root")
-            .arg(state("storage"))
-            .arg("--runroot")
-            .arg(state("run"))
-            .arg("--tmpdir")
-            .arg(state("libpod"))
-            .args([
-                "--storage-driver",
-                "vfs",
-                "--cgroup-manager",
-                "cgroupfs",
-                "--events-backend",
-                "file",
-                // crun, podman's default, refuses some cgroup layouts.
-                "--runtime",
-                "runc",
-                "run",
-                "--rm",
-                "--network",
-                "none",
-                // The default limits exceed what an unprivileged-looking runc may set here.
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ]);
+        let mut cmd = self.podman.command();
+        cmd.args(["run", "--rm", "--network", "none"])
+            .args(RUN_LIMITS);
         for device in devices {
             cmd.args(["--device", device]);
         }

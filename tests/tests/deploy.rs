@@ -1,13 +1,14 @@
-//! The deployment (`deploy/`, `Containerfile`, `.dockerignore`) checked as far as this machine
-//! can: no container engine or cluster runs here, so
+//! The deployment (`deploy/`, and the `Containerfile` as far as text goes) checked without a
+//! cluster (tests/tests/image.rs builds and runs the image itself):
 //!
 //! * every manifest the kustomization lists is parsed into the typed Kubernetes API structs
 //!   (k8s-openapi) and must survive the round trip unchanged: k8s-openapi ignores unknown fields
 //!   when it deserializes, so a misspelled field shows up as a field the round trip dropped;
 //! * the pod's least-privilege properties, its probes and its paths are checked on the typed
 //!   DaemonSet, against the ConfigMap's config as `wdp::config` reads it;
-//! * the Containerfile is checked against the repository (every source it copies, the scanners it
-//!   builds and installs) and against what the manifests run and reference;
+//! * the Containerfile and scripts/image.sh are checked against the repository (the scanners
+//!   staged are the bundled ones) and against what the manifests and the README name in the
+//!   image;
 //! * the DaemonSet's own command line, with the ConfigMap's config, runs as the real `wdp` binary
 //!   the way the pod runs it (uid 0 with every capability dropped, no_new_privs, a read-only root
 //!   filesystem with only the plugin dir, the CDI dir and the emptyDir writable) over a fixture,
@@ -821,19 +822,10 @@ fn the_configmap_config_is_one_wdp_accepts() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Containerfile
+// The Containerfile and scripts/image.sh
 
-/// One instruction: its stage (index of the FROM before it), keyword and words.
-#[derive(Debug)]
-struct Instruction {
-    stage: usize,
-    op: String,
-    words: Vec<String>,
-    rest: String,
-}
-
-/// Parses a Containerfile's instructions: comments dropped, continuation lines joined.
-fn instructions(text: &str) -> Vec<Instruction> {
+/// A Containerfile's instructions as (keyword, rest): comments dropped, continuation lines joined.
+fn instructions(text: &str) -> Vec<(String, String)> {
     let mut logical = Vec::new();
     let mut current = String::new();
     for line in text.lines() {
@@ -852,40 +844,12 @@ fn instructions(text: &str) -> Vec<Instruction> {
             }
         }
     }
-    let mut stage = 0;
-    let mut out = Vec::new();
-    for line in logical {
-        let (op, rest) = line.split_once(' ').unwrap_or((&line, ""));
-        let op = op.to_ascii_uppercase();
-        if op == "FROM" {
-            stage += 1;
-        }
-        out.push(Instruction {
-            stage,
-            op,
-            words: rest.split_whitespace().map(String::from).collect(),
-            rest: rest.trim().to_string(),
-        });
-    }
-    out
-}
-
-/// The Makefile's `GUEST_CARGO` command line, its variables expanded.
-fn guest_cargo_from_makefile() -> Vec<String> {
-    let makefile = read("Makefile");
-    let var = |name: &str| {
-        makefile
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} := ")))
-            .unwrap_or_else(|| panic!("Makefile has no {name}"))
-            .to_string()
-    };
-    var("GUEST_CARGO")
-        .replace("$(CARGO)", "cargo")
-        .replace("$(GUEST_MANIFEST)", &var("GUEST_MANIFEST"))
-        .replace("$(GUEST_TARGET_DIR)", &var("GUEST_TARGET_DIR"))
-        .split_whitespace()
-        .map(String::from)
+    logical
+        .into_iter()
+        .map(|line| {
+            let (op, rest) = line.split_once(' ').unwrap_or((&line, ""));
+            (op.to_ascii_uppercase(), rest.trim().to_string())
+        })
         .collect()
 }
 
@@ -904,166 +868,111 @@ fn bundled_scanners() -> BTreeSet<String> {
         .collect()
 }
 
-#[test]
-fn the_containerfile_builds_and_installs_what_the_manifests_use() {
-    let file = instructions(&read("Containerfile"));
-    let ignored = read(".dockerignore");
-    let ignored: Vec<&str> = ignored
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect();
-    assert!(
-        ignored.contains(&"target/"),
-        "the build context leaves out target/"
-    );
-
-    // The toolchain is the workspace's, and both stages are Debian 12 (one glibc).
-    let rust = file
-        .iter()
-        .find(|i| i.stage == 0 && i.op == "ARG" && i.rest.starts_with("RUST_VERSION="))
-        .expect("ARG RUST_VERSION before the first FROM");
-    assert_eq!(
-        rust.rest,
-        format!("RUST_VERSION={}", env!("CARGO_PKG_RUST_VERSION"))
-    );
-    let froms: Vec<&Instruction> = file.iter().filter(|i| i.op == "FROM").collect();
-    assert_eq!(froms.len(), 2, "a build stage and a runtime stage");
-    assert!(froms[0].words[0].ends_with("-bookworm") && froms[0].words[1..] == ["AS", "build"]);
-    assert!(froms[1].words[0].contains("debian12"));
-
-    // The build stage: what it copies exists and is sent; what it runs builds the host in the
-    // release profile and the bundled scanners exactly as the Makefile does.
-    let build = |op: &'static str| file.iter().filter(move |i| i.stage == 1 && i.op == op);
-    let workdir = build("WORKDIR")
-        .next_back()
-        .expect("a WORKDIR")
-        .rest
-        .clone();
-    for copy in build("COPY") {
-        let (dest, sources) = copy.words.split_last().expect("COPY has a destination");
-        assert!(!dest.is_empty());
-        for src in sources {
-            assert!(
-                repo().join(src).exists(),
-                "COPY {src}: no such path in the repository"
-            );
-            assert!(
-                !ignored
-                    .iter()
-                    .any(|i| src.starts_with(i.trim_end_matches('/'))),
-                "COPY {src}: excluded from the build context"
-            );
-        }
-    }
-    let runs: Vec<&Vec<String>> = build("RUN").map(|i| &i.words).collect();
-    let host_build = runs
-        .iter()
-        .find(|w| w.starts_with(&["cargo".into(), "build".into()]) && w.contains(&"wdp".into()))
-        .expect("a RUN building the host");
-    for word in ["--locked", "--release", "--bin"] {
-        assert!(
-            host_build.contains(&word.to_string()),
-            "{word} in {host_build:?}"
-        );
-    }
-    let guest_cargo = guest_cargo_from_makefile();
-    let guest_build = runs
-        .iter()
-        .find(|w| w.starts_with(&guest_cargo))
-        .unwrap_or_else(|| panic!("no RUN starts with the Makefile's GUEST_CARGO {guest_cargo:?}"));
-    let built: BTreeSet<String> = guest_build[guest_cargo.len()..]
-        .chunks(2)
-        .map(|p| {
-            assert_eq!(
-                p[0], "-p",
-                "only -p <package> after GUEST_CARGO: {guest_build:?}"
-            );
-            p[1].clone()
+/// Every component path under `/usr/lib/wdp/` that `text` names, commented examples included
+/// (a placeholder such as `<name>.wasm` is not a path).
+fn image_paths_in(text: &str) -> BTreeSet<String> {
+    text.match_indices("/usr/lib/wdp/")
+        .map(|(at, _)| {
+            let rest = &text[at..];
+            let end = rest
+                .find(|c: char| c.is_whitespace() || "`\"',)}]".contains(c))
+                .unwrap_or(rest.len());
+            rest[..end].to_string()
         })
+        .filter(|p| p.ends_with(".wasm") && !p.contains('<'))
+        .collect()
+}
+
+/// What the image holds and what runs it agree, as far as text can tell: tests/tests/image.rs
+/// builds the image and runs it as the DaemonSet does, which proves the rest (the libraries, the
+/// entrypoint, the ConfigMap's components loading from their image paths). This checks what one
+/// run cannot: that the scanners staged are exactly the bundled ones, and that every image path
+/// the manifests and the README name, commented examples included, is one the image installs.
+#[test]
+fn the_image_installs_what_the_manifests_and_the_readme_name() {
+    let file = instructions(&read("Containerfile"));
+    let script = read("scripts/image.sh");
+
+    // Built from nothing a registry would have to provide.
+    let froms: Vec<&str> = file
+        .iter()
+        .filter(|(op, _)| op == "FROM")
+        .map(|(_, rest)| rest.as_str())
         .collect();
+    assert_eq!(froms, ["scratch"]);
+
+    // Every COPY source is a path the script stages in its context.
+    let mut installed = BTreeMap::new();
+    for (_, rest) in file.iter().filter(|(op, _)| op == "COPY") {
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        let [src, dest] = words[..] else {
+            panic!("COPY {rest}: one source and one destination")
+        };
+        assert!(
+            script.contains(&format!("\"$context/{}", src.trim_end_matches('/'))),
+            "COPY {src}: scripts/image.sh stages no $context/{src}"
+        );
+        installed.insert(src.to_string(), dest.to_string());
+    }
     assert_eq!(
-        built,
-        bundled_scanners(),
-        "the image builds every bundled scanner"
+        installed.get("wdp").map(String::as_str),
+        Some("/usr/bin/wdp")
+    );
+    assert_eq!(
+        installed.get("scanners/").map(String::as_str),
+        Some(IMAGE_SCANNERS)
     );
 
-    // The runtime stage: every file comes from the build stage's outputs.
-    let mut installed = BTreeMap::new();
-    for copy in file.iter().filter(|i| i.stage == 2 && i.op == "COPY") {
-        let (dest, sources) = copy.words.split_last().unwrap();
-        assert_eq!(sources[0], "--from=build", "{copy:?}");
-        for src in &sources[1..] {
-            let rel = src
-                .strip_prefix(&format!("{workdir}/"))
-                .unwrap_or_else(|| panic!("{src} is not under the build's WORKDIR {workdir}"));
-            let name = Path::new(rel).file_name().unwrap().to_str().unwrap();
-            let to = if dest.ends_with('/') {
-                format!("{dest}{name}")
-            } else {
-                dest.clone()
-            };
-            installed.insert(to, rel.to_string());
-        }
-    }
-    let mut wasm = BTreeSet::new();
-    for (to, rel) in &installed {
-        if rel == "target/release/wdp" {
-            // The host package's binary target, by that name.
-            let host = read("host/Cargo.toml");
-            assert!(
-                host.contains("[[bin]]\nname = \"wdp\""),
-                "host/Cargo.toml has bin wdp"
-            );
-        } else if let Some(name) = rel
-            .strip_prefix("target/guests/wasm32-wasip2/release/")
-            .and_then(|n| n.strip_suffix(".wasm"))
-        {
-            // Built here by the same command (the tests' build script runs GUEST_CARGO).
-            assert!(repo().join(rel).is_file(), "{rel} is not a build output");
-            assert_eq!(to, &format!("{IMAGE_SCANNERS}{name}.wasm"));
-            assert!(built.contains(name), "{name} is installed but not built");
-            wasm.insert(name.to_string());
-        } else {
-            panic!("{rel}: not a build output the test knows");
-        }
-    }
-    assert_eq!(wasm, built, "every scanner built is installed");
+    // The scanners staged are the bundled ones.
+    let staged: BTreeSet<String> = script
+        .lines()
+        .find_map(|l| l.strip_prefix("scanners=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("scripts/image.sh: scanners=\"...\" on one line")
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(
+        staged,
+        bundled_scanners(),
+        "the image has every bundled scanner"
+    );
+    let in_image: BTreeSet<String> = staged
+        .iter()
+        .map(|name| format!("{IMAGE_SCANNERS}{name}.wasm"))
+        .collect();
 
-    // What the manifests run and reference is what is installed.
+    // What the manifests run and name, and the README's examples, are in the image.
     let docs = rendered();
     let ds: DaemonSet = one(&docs);
     let c = the_container(&ds);
-    let command = c.command.as_deref().unwrap_or_default();
-    assert_eq!(command.len(), 1);
     assert_eq!(
-        installed.get(&command[0]).map(String::as_str),
-        Some("target/release/wdp")
+        c.command.as_deref(),
+        Some(&["/usr/bin/wdp".to_string()][..])
     );
     let entrypoint = file
         .iter()
-        .find(|i| i.op == "ENTRYPOINT")
+        .find(|(op, _)| op == "ENTRYPOINT")
         .expect("ENTRYPOINT");
-    let entrypoint: Vec<String> = serde_json::from_str(&entrypoint.rest).expect("exec form");
-    assert_eq!(entrypoint, command);
-    let config: serde_yaml_ng::Value = serde_yaml_ng::from_str(&config_yaml(&docs)).unwrap();
-    for s in config["scanners"].as_sequence().expect("scanners") {
-        for key in ["component", "post-allocator"] {
-            if let Some(path) = s.get(key).and_then(|p| p.as_str()) {
-                assert!(
-                    installed.contains_key(path),
-                    "{key} {path} is not in the image"
-                );
-            }
-        }
+    let entrypoint: Vec<String> = serde_json::from_str(&entrypoint.1).expect("exec form");
+    assert_eq!(Some(&entrypoint[..]), c.command.as_deref());
+    for source in ["deploy/configmap.yaml", "README.md"] {
+        let named = image_paths_in(&read(source));
+        assert!(!named.is_empty(), "{source} names no scanner in the image");
+        let missing: Vec<&String> = named.difference(&in_image).collect();
+        assert!(
+            missing.is_empty(),
+            "{source} names {missing:?}, not in the image"
+        );
     }
-    // The image the kustomization names is this version's.
+    // The image the kustomization names is this version's (`make image` tags it so).
     let image = c.image.as_deref().unwrap_or_default();
     assert_eq!(
         split_image(image).1,
         Some(env!("CARGO_PKG_VERSION")),
         "{image}"
     );
+    assert!(read("Makefile").contains("--tag localhost/wdp:$(VERSION)"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@
 //! `proto` and `WDP_SOAK_*` in `soak`, are the caller's), the working directory stays where it
 //! is, and what needs a mount namespace or dropped privileges gets it in a child process (podman
 //! in `cdi_podman` enters its namespace between fork and exec; `deploy` runs wdp under
-//! `unshare` and `setpriv`). Every `wdp run` is a child process of its own, and every in-process
-//! sandbox reads a fixture of its own. What is shared is machine-wide anyway and was before: the
-//! kernel uevent `catalogue::qat` makes reaches every listener on the machine, and the compile
-//! caches under target/ are written by concurrent tests by design.
+//! `unshare` and `setpriv`), or in a thread of its own that ends with it (`image` makes its
+//! probes from a thread that joins the container's network namespace). Every `wdp run` is a
+//! child process of its own, and every in-process sandbox reads a fixture of its own. What is
+//! shared is machine-wide anyway and was before: the kernel uevent `catalogue::qat` makes
+//! reaches every listener on the machine, and the compile caches under target/ are written by
+//! concurrent tests by design.
 
 mod attacks;
 mod authoring;
@@ -18,6 +20,7 @@ mod catalogue;
 mod cdi_podman;
 mod deploy;
 mod faults;
+mod image;
 mod kubelet;
 mod languages;
 mod node;

@@ -7,7 +7,8 @@
 
 use wdp_guest::config::excerpt;
 use wdp_guest::json::{self, Value};
-use wdp_guest::{devfs, sysfs};
+use wdp_guest::tree::is_dev_type;
+use wdp_guest::{devfs, sysfs, usb};
 
 /// The environment variable holding the configuration.
 pub const DEVICES_ENV: &str = "DEVICES";
@@ -167,23 +168,12 @@ fn list<'a>(at: &str, v: Option<&'a Value>, what: &str) -> Result<&'a [Value], S
     }
 }
 
-/// A Kubernetes resource name part: alphanumerics, `-`, `_`, `.`; alphanumeric at both ends.
-pub fn valid_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
 fn device_type(at: &str, v: &Value) -> Result<DeviceType, String> {
     let m = object(at, v, &["name", "groups"])?;
     let name_at = format!("{at}.name");
     let name_v = field(m, "name").ok_or_else(|| format!("{at}: missing field \"name\""))?;
     let name = string(&name_at, name_v, "a string")?;
-    if !valid_name(&name) {
+    if !is_dev_type(&name) {
         return Err(invalid(
             &name_at,
             name_v,
@@ -310,19 +300,10 @@ fn path(at: &str, v: &Value) -> Result<PathSpec, String> {
 /// A USB id: a string of 1 to 4 hex digits (optionally `0x`-prefixed), or a JSON number whose
 /// digits are read as hex (as squat's plugin does: `1050` means 0x1050).
 pub fn parse_usb_id(v: &Value) -> Option<u16> {
-    let s = match v {
-        Value::String(s) => s.trim(),
-        Value::Number(n) => n.as_str(),
-        _ => return None,
-    };
-    let s = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
-    if s.is_empty() || s.len() > 4 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
+    match v {
+        Value::String(s) | Value::Number(s) => usb::parse_id(s),
+        _ => None,
     }
-    u16::from_str_radix(s, 16).ok()
 }
 
 fn usb_spec(at: &str, v: &Value) -> Result<UsbSpec, String> {
@@ -509,12 +490,13 @@ mod tests {
     }
 
     #[test]
-    fn names() {
-        assert!(valid_name("serial"));
-        assert!(valid_name("a.b-c_d9"));
-        assert!(!valid_name(""));
-        assert!(!valid_name("-a"));
-        assert!(!valid_name("a/b"));
-        assert!(!valid_name(&"a".repeat(64)));
+    fn names_are_resource_names() {
+        let group = r#"[{"paths":[{"path":"/dev/fuse"}]}]"#;
+        let devices = |name: &str| format!(r#"[{{"name":"{name}","groups":{group}}}]"#);
+        assert!(parse_devices(Some(&devices("a.b-c_d9"))).is_ok());
+        for bad in ["", "-a", "a/b"] {
+            let e = parse_devices(Some(&devices(bad))).unwrap_err();
+            assert!(e.contains("a resource name of at most 63"), "{bad:?}: {e}");
+        }
     }
 }

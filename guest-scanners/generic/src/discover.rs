@@ -14,8 +14,9 @@
 //! wins.
 
 use crate::config::{DeviceType, Group, PathType, UsbSpec};
+use wdp_guest::hostfs::HostFs;
 use wdp_guest::tree::{id_from_path, sanitize_id};
-use wdp_guest::usb::UsbDevice;
+use wdp_guest::usb::{self, UsbDevice};
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder};
 
 /// Whether an attached device matches a spec: same ids, and the same serial when the spec has one.
@@ -28,29 +29,20 @@ fn usb_matches(d: &UsbDevice, spec: &UsbSpec) -> bool {
             .is_none_or(|s| d.serial.as_ref() == Some(s))
 }
 
-/// What discovery needs from the machine (the guest's devfs and /sys, or a fake in tests).
-pub trait Machine {
-    /// Sorted paths matching a glob under /dev or /sys.
-    fn glob(&self, pattern: &str) -> Vec<String>;
-    /// The attached USB devices.
-    fn usb_devices(&self) -> Vec<UsbDevice>;
-    /// True when the node exists under /dev.
-    fn exists(&self, path: &str) -> bool;
-}
-
-/// The device tree for `types` on `machine`.
-pub fn discover(types: &[DeviceType], machine: &impl Machine) -> DeviceTree {
+/// The device tree for `types` on the machine `fs` shows (the guest's devfs and /sys, a fixture
+/// in the native bench, a fake in tests).
+pub fn discover(types: &[DeviceType], fs: &impl HostFs) -> DeviceTree {
     let mut tree = TreeBuilder::new();
     let mut usb: Option<Vec<UsbDevice>> = None;
     for dt in types {
         tree.group(&dt.name);
         for group in &dt.groups {
-            for (id, info) in path_devices(group, machine) {
+            for (id, info) in path_devices(group, fs) {
                 add(&mut tree, &dt.name, &id, group.count, info);
             }
             if !group.usb.is_empty() {
-                let all = usb.get_or_insert_with(|| machine.usb_devices());
-                if let Some((id, info)) = usb_device(group, all, machine) {
+                let all = usb.get_or_insert_with(|| usb::list_in(fs));
+                if let Some((id, info)) = usb_device(group, all, fs) {
                     add(&mut tree, &dt.name, &id, group.count, info);
                 }
             }
@@ -72,13 +64,13 @@ fn basename(p: &str) -> &str {
 }
 
 /// The devices of a group's `paths` (before `count`), as (id, info).
-fn path_devices(group: &Group, machine: &impl Machine) -> Vec<(String, DeviceInfo)> {
+fn path_devices(group: &Group, fs: &impl HostFs) -> Vec<(String, DeviceInfo)> {
     // per path: its matches repeated `limit` times, or None for an optional path without matches
     let mut per_path: Vec<Option<Vec<String>>> = Vec::with_capacity(group.paths.len());
     let mut length = 0usize;
     let mut limit_length = usize::MAX;
     for p in &group.paths {
-        let matches = machine.glob(&p.path);
+        let matches = fs.glob(&p.path);
         if matches.is_empty() && p.optional {
             per_path.push(None);
             continue;
@@ -117,13 +109,13 @@ fn path_devices(group: &Group, machine: &impl Machine) -> Vec<(String, DeviceInf
 fn usb_device(
     group: &Group,
     devices: &[UsbDevice],
-    machine: &impl Machine,
+    fs: &impl HostFs,
 ) -> Option<(String, DeviceInfo)> {
     let mut nodes: Vec<String> = Vec::new();
     for spec in &group.usb {
         for d in devices.iter().filter(|d| usb_matches(d, spec)) {
             let node = d.bus_path();
-            if !nodes.contains(&node) && machine.exists(&node) {
+            if !nodes.contains(&node) && fs.exists(&node) {
                 nodes.push(node);
             }
         }
@@ -156,67 +148,41 @@ mod tests {
     use crate::config::parse_devices;
     use wdp_guest::types::{DeviceSpec, Mount};
 
-    struct Fake {
-        files: Vec<&'static str>,
-        usb: Vec<UsbDevice>,
-    }
+    use wdp_guest::hostfs::FakeFs;
 
-    impl Machine for Fake {
-        fn glob(&self, pattern: &str) -> Vec<String> {
-            let pat = glob::Pattern::new(pattern).unwrap();
-            let opts = glob::MatchOptions {
-                require_literal_separator: true,
-                ..Default::default()
-            };
-            let mut v: Vec<String> = self
-                .files
-                .iter()
-                .filter(|f| pat.matches_with(f, opts))
-                .map(|f| f.to_string())
-                .collect();
-            v.sort();
-            v
-        }
-        fn usb_devices(&self) -> Vec<UsbDevice> {
-            self.usb.clone()
-        }
-        fn exists(&self, path: &str) -> bool {
-            self.files.contains(&path)
+    /// Plugs USB device `bus`-`dev` into sysfs (its node in /dev is the caller's business).
+    fn usb(fs: &mut FakeFs, vendor: u16, product: u16, serial: Option<&str>, bus: u32, dev: u32) {
+        let dir = format!("{}/{bus}-{dev}", usb::DEVICES_DIR);
+        fs.file(&format!("{dir}/idVendor"), &format!("{vendor:04x}\n"))
+            .file(&format!("{dir}/idProduct"), &format!("{product:04x}\n"))
+            .file(&format!("{dir}/busnum"), &format!("{bus}\n"))
+            .file(&format!("{dir}/devnum"), &format!("{dev}\n"));
+        if let Some(serial) = serial {
+            fs.file(&format!("{dir}/serial"), &format!("{serial}\n"));
         }
     }
 
-    fn usb(vendor: u16, product: u16, serial: Option<&str>, bus: u32, dev: u32) -> UsbDevice {
-        UsbDevice {
-            name: format!("{bus}-{dev}"),
-            vendor,
-            product,
-            serial: serial.map(str::to_string),
-            bus,
-            dev,
+    fn machine() -> FakeFs {
+        let mut fs = FakeFs::new();
+        for (minor, node) in (0..).zip([
+            "/dev/ttyUSB1",
+            "/dev/ttyUSB0",
+            "/dev/dri/card0",
+            "/dev/dri/card1",
+            "/dev/dri/renderD128",
+            "/dev/dri/renderD129",
+            "/dev/fuse",
+            "/dev/bus/usb/001/004",
+            "/dev/bus/usb/002/010",
+        ]) {
+            fs.char_dev(node, 1, minor);
         }
-    }
-
-    fn machine() -> Fake {
-        Fake {
-            files: vec![
-                "/dev/ttyUSB1",
-                "/dev/ttyUSB0",
-                "/dev/dri/card0",
-                "/dev/dri/card1",
-                "/dev/dri/renderD128",
-                "/dev/dri/renderD129",
-                "/dev/fuse",
-                "/dev/bus/usb/001/004",
-                "/dev/bus/usb/002/010",
-                "/sys/class/drm/card0",
-            ],
-            usb: vec![
-                usb(0x1050, 0x0407, Some("123"), 1, 4),
-                usb(0x1050, 0x0407, Some("456"), 2, 10),
-                usb(0x1050, 0x0407, None, 3, 1), // node missing in /dev
-                usb(0x1d6b, 0x0002, None, 1, 1),
-            ],
-        }
+        fs.dir("/sys/class/drm/card0");
+        usb(&mut fs, 0x1050, 0x0407, Some("123"), 1, 4);
+        usb(&mut fs, 0x1050, 0x0407, Some("456"), 2, 10);
+        usb(&mut fs, 0x1050, 0x0407, None, 3, 1); // node missing in /dev
+        usb(&mut fs, 0x1d6b, 0x0002, None, 1, 1);
+        fs
     }
 
     fn ids(tree: &DeviceTree, name: &str) -> Vec<String> {

@@ -71,7 +71,8 @@ use std::collections::BTreeMap;
 
 use options::{Bypath, MonitoringMode, Options};
 use wdp_guest::health::Vanished;
-use wdp_guest::{DeviceInfo, DeviceSpec, DeviceTree, TreeBuilder, config, devfs, pci, sysfs};
+use wdp_guest::hostfs::{Host, HostFs};
+use wdp_guest::{DeviceInfo, DeviceSpec, DeviceTree, TreeBuilder, config, pci};
 
 /// The DRM class directory.
 pub const DRM_CLASS: &str = "/sys/class/drm";
@@ -89,27 +90,6 @@ pub const MONITOR_ID: &str = "all";
 pub const MONITOR_TYPE_SINGLE: &str = "monitoring";
 /// The suffix of a driver's monitoring type in split mode.
 pub const MONITOR_SUFFIX: &str = "_monitoring";
-
-/// What the scanner needs to know about the machine, so the logic runs off wasm in tests.
-/// `card` is a name in `/sys/class/drm` (`card0`).
-pub trait Machine {
-    /// The entries of `/sys/class/drm`, sorted.
-    fn drm_entries(&self) -> Vec<String>;
-    /// The raw contents of `/sys/class/drm/<card>/device/<attr>`.
-    fn attr(&self, card: &str, attr: &str) -> Option<String>;
-    /// The entries of `/sys/class/drm/<card>/device/drm`, sorted; None when it does not exist.
-    fn drm_files(&self, card: &str) -> Option<Vec<String>>;
-    /// The name of the driver bound to the card's device.
-    fn driver(&self, card: &str) -> Option<String>;
-    /// The PCI address of the card's device, from its resolved sysfs path.
-    fn bdf(&self, card: &str) -> Option<String>;
-    /// The names in every `/sys/class/drm/<card>/device/*.mei-*/mei` directory.
-    fn mei_names(&self, card: &str) -> Vec<String>;
-    /// True when `path` exists under /dev.
-    fn dev_exists(&self, path: &str) -> bool;
-    /// The names in `/dev/dri/by-path`, sorted; None when it cannot be read.
-    fn bypath_entries(&self) -> Option<Vec<String>>;
-}
 
 /// True for `card<N>` (upstream's `^card[0-9]+$`).
 pub fn is_card_name(name: &str) -> bool {
@@ -175,8 +155,9 @@ pub fn bypath_mounts(
     }
 }
 
-/// The tree for `m` under `opts`.
-pub fn tree(m: &impl Machine, opts: &Options) -> DeviceTree {
+/// The tree for the machine `fs` shows, under `opts`.
+pub fn tree(fs: &impl HostFs, opts: &Options) -> DeviceTree {
+    let m = Cards(fs);
     let mut t = TreeBuilder::new();
     // Monitoring type -> its nodes, in the order GPUs are found.
     let mut monitor: BTreeMap<String, Vec<DeviceSpec>> = BTreeMap::new();
@@ -257,46 +238,54 @@ pub fn tree(m: &impl Machine, opts: &Options) -> DeviceTree {
     t.build()
 }
 
-/// The guest's view: /sys through std::fs, /dev through devfs.
-struct Guest;
+/// The reads [`tree`] makes, by card: `card` is a name in `/sys/class/drm` (`card0`).
+struct Cards<'a, F>(&'a F);
 
-impl Guest {
+impl<F: HostFs> Cards<'_, F> {
     fn card_dir(card: &str) -> String {
         format!("{DRM_CLASS}/{card}")
     }
-}
-
-impl Machine for Guest {
+    /// The entries of `/sys/class/drm`, sorted.
     fn drm_entries(&self) -> Vec<String> {
-        sysfs::list_dir(DRM_CLASS)
+        self.0.names(DRM_CLASS)
     }
+    /// The raw contents of `/sys/class/drm/<card>/device/<attr>`.
     fn attr(&self, card: &str, attr: &str) -> Option<String> {
-        std::fs::read_to_string(format!("{}/device/{attr}", Self::card_dir(card))).ok()
+        self.0
+            .read(&format!("{}/device/{attr}", Self::card_dir(card)))
+            .ok()
     }
+    /// The entries of `/sys/class/drm/<card>/device/drm`, sorted; None when it does not exist.
     fn drm_files(&self, card: &str) -> Option<Vec<String>> {
         let dir = format!("{}/device/drm", Self::card_dir(card));
-        std::fs::metadata(&dir).ok()?;
-        Some(sysfs::list_dir(dir))
+        self.0.realpath(&dir)?;
+        Some(self.0.names(&dir))
     }
+    /// The name of the driver bound to the card's device.
     fn driver(&self, card: &str) -> Option<String> {
-        sysfs::read_link_name(format!("{}/device/driver", Self::card_dir(card)))
+        self.0
+            .link_name(&format!("{}/device/driver", Self::card_dir(card)))
     }
+    /// The PCI address of the card's device, from its resolved sysfs path.
     fn bdf(&self, card: &str) -> Option<String> {
-        bdf_from_path(&sysfs::resolve(Self::card_dir(card))?, card)
+        bdf_from_path(&self.0.resolve_sys(&Self::card_dir(card))?, card)
     }
+    /// The names in every `/sys/class/drm/<card>/device/*.mei-*/mei` directory.
     fn mei_names(&self, card: &str) -> Vec<String> {
         let pattern = format!("{}/device/*.mei-*/mei", Self::card_dir(card));
-        sysfs::glob_sys(&pattern)
-            .unwrap_or_default()
+        self.0
+            .glob(&pattern)
             .into_iter()
-            .flat_map(|m| sysfs::list_dir(m.path))
+            .flat_map(|dir| self.0.names(&dir))
             .collect()
     }
+    /// True when `path` exists under /dev.
     fn dev_exists(&self, path: &str) -> bool {
-        devfs::stat(path).is_ok()
+        self.0.exists(path)
     }
+    /// The names in `/dev/dri/by-path`, sorted; None when it cannot be read.
     fn bypath_entries(&self) -> Option<Vec<String>> {
-        let nodes = devfs::read_dir(BYPATH_DIR).ok()?;
+        let nodes = self.0.list(BYPATH_DIR).ok()?;
         Some(nodes.into_iter().map(|n| n.name).collect())
     }
 }
@@ -318,7 +307,7 @@ impl wdp_guest::Scanner for Gpu {
     fn scan() -> Result<(), String> {
         let opts = options::parse(config::env_var)?;
         let mut vanished = Vanished::new();
-        wdp_guest::run(|| Ok(vanished.mark_moving(tree(&Guest, &opts), identity)))
+        wdp_guest::run(|| Ok(vanished.mark_moving(tree(&Host, &opts), identity)))
     }
 }
 

@@ -2,136 +2,113 @@
 
 use super::*;
 use options::IdFilter;
-use std::collections::HashMap;
+use wdp_guest::hostfs::FakeFs;
+use wdp_guest::tree::type_ids as ids;
 
-#[derive(Default)]
-struct Card {
-    attrs: HashMap<&'static str, &'static str>,
-    drm: Option<Vec<&'static str>>,
-    driver: Option<&'static str>,
-    bdf: Option<&'static str>,
-    mei: Vec<&'static str>,
+/// The sysfs directory of the PCI device at `bdf`.
+fn device_dir(bdf: &str) -> String {
+    format!("/sys/devices/pci0000:00/{bdf}")
 }
 
-#[derive(Default)]
-struct Fake {
-    cards: Vec<(&'static str, Card)>,
-    dev: Vec<&'static str>,
-    bypath: Option<Vec<&'static str>>,
-}
-
-impl Fake {
-    fn card(&self, name: &str) -> Option<&Card> {
-        self.cards.iter().find(|(n, _)| *n == name).map(|(_, c)| c)
+/// An Intel GPU laid out as sysfs does: `/sys/class/drm/<card>` links to the card's directory
+/// in its PCI device's `drm/` (beside the other DRM nodes `drm` names), whose `device` links back
+/// to the PCI device, which holds `vendor`, `device` and the `driver` link.
+fn gpu(fs: &mut FakeFs, card: &str, device: &str, drm: &[&str], driver: &str, bdf: &str) {
+    let dir = device_dir(bdf);
+    for node in drm {
+        fs.dir(&format!("{dir}/drm/{node}"));
     }
-}
-
-impl Machine for Fake {
-    fn drm_entries(&self) -> Vec<String> {
-        self.cards.iter().map(|(n, _)| n.to_string()).collect()
-    }
-    fn attr(&self, card: &str, attr: &str) -> Option<String> {
-        self.card(card)?.attrs.get(attr).map(|s| s.to_string())
-    }
-    fn drm_files(&self, card: &str) -> Option<Vec<String>> {
-        let drm = self.card(card)?.drm.as_ref()?;
-        Some(drm.iter().map(|s| s.to_string()).collect())
-    }
-    fn driver(&self, card: &str) -> Option<String> {
-        self.card(card)?.driver.map(String::from)
-    }
-    fn bdf(&self, card: &str) -> Option<String> {
-        self.card(card)?.bdf.map(String::from)
-    }
-    fn mei_names(&self, card: &str) -> Vec<String> {
-        self.card(card)
-            .map(|c| c.mei.iter().map(|s| s.to_string()).collect())
-            .unwrap_or_default()
-    }
-    fn dev_exists(&self, path: &str) -> bool {
-        self.dev.contains(&path)
-    }
-    fn bypath_entries(&self) -> Option<Vec<String>> {
-        Some(
-            self.bypath
-                .as_ref()?
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+    fs.file(&format!("{dir}/vendor"), "0x8086\n")
+        .file(&format!("{dir}/device"), device)
+        .link(
+            &format!("{DRM_CLASS}/{card}"),
+            &format!("../../devices/pci0000:00/{bdf}/drm/{card}"),
         )
-    }
+        .link(
+            &format!("{dir}/drm/{card}/device"),
+            &format!("../../../{bdf}"),
+        )
+        .link(
+            &format!("{dir}/driver"),
+            &format!("../../../bus/pci/drivers/{driver}"),
+        );
 }
 
-fn gpu(
-    device: &'static str,
-    drm: &[&'static str],
-    driver: &'static str,
-    bdf: &'static str,
-) -> Card {
-    Card {
-        attrs: HashMap::from([("vendor", "0x8086\n"), ("device", device)]),
-        drm: Some(drm.to_vec()),
-        driver: Some(driver),
-        bdf: Some(bdf),
-        mei: Vec::new(),
-    }
+/// Moves `card`'s sysfs directory out of its PCI device (as for a virtual card), its `device`
+/// still linking to `bdf`: the card then has no PCI address in its resolved path.
+fn unplace(fs: &mut FakeFs, card: &str, bdf: &str) {
+    fs.link(
+        &format!("{DRM_CLASS}/{card}"),
+        &format!("../../devices/virtual/drm/{card}"),
+    )
+    .link(
+        &format!("/sys/devices/virtual/drm/{card}/device"),
+        &format!("../../../pci0000:00/{bdf}"),
+    );
+}
+
+/// An MEI device `name` of the GPU at `bdf` (its node in /dev is the caller's business).
+fn mei(fs: &mut FakeFs, bdf: &str, name: &str) {
+    fs.dir(&format!(
+        "{}/i915.mei-gscfi.768/mei/{name}",
+        device_dir(bdf)
+    ));
 }
 
 /// An integrated i915 GPU (card0), a discrete xe GPU with an MEI device (card1), and a
 /// non-Intel one (card2), with their nodes and by-path links.
-fn machine() -> Fake {
-    let mut card1 = gpu("0x56a0\n", &["card1", "renderD129"], "xe", "0000:03:00.0");
-    card1.mei = vec!["mei0"];
-    let mut card2 = gpu(
+fn machine() -> FakeFs {
+    let mut fs = FakeFs::new();
+    let card0 = ["card0", "controlD64", "renderD128"];
+    gpu(&mut fs, "card0", "0x4680\n", &card0, "i915", "0000:00:02.0");
+    gpu(
+        &mut fs,
+        "card1",
+        "0x56a0\n",
+        &["card1", "renderD129"],
+        "xe",
+        "0000:03:00.0",
+    );
+    mei(&mut fs, "0000:03:00.0", "mei0");
+    let card2 = ["card2", "renderD130"];
+    gpu(
+        &mut fs,
+        "card2",
         "0x73bf\n",
-        &["card2", "renderD130"],
+        &card2,
         "amdgpu",
         "0000:04:00.0",
     );
-    card2.attrs.insert("vendor", "0x1002\n");
-    Fake {
-        cards: vec![
-            (
-                "card0",
-                gpu(
-                    "0x4680\n",
-                    &["card0", "controlD64", "renderD128"],
-                    "i915",
-                    "0000:00:02.0",
-                ),
-            ),
-            ("card1", card1),
-            ("card2", card2),
-            ("renderD128", Card::default()),
-            ("version", Card::default()),
-        ],
-        dev: vec![
-            "/dev/dri/card0",
-            "/dev/dri/controlD64",
-            "/dev/dri/renderD128",
-            "/dev/dri/card1",
-            "/dev/dri/renderD129",
-            "/dev/dri/card2",
-            "/dev/dri/renderD130",
-            "/dev/mei0",
-        ],
-        bypath: Some(vec![
-            "pci-0000:00:02.0-card",
-            "pci-0000:00:02.0-render",
-            "pci-0000:03:00.0-card",
-            "pci-0000:03:00.0-render",
-        ]),
+    fs.file(
+        &format!("{}/vendor", device_dir("0000:04:00.0")),
+        "0x1002\n",
+    )
+    .link(
+        &format!("{DRM_CLASS}/renderD128"),
+        "../../devices/pci0000:00/0000:00:02.0/drm/renderD128",
+    )
+    .file(&format!("{DRM_CLASS}/version"), "drm 1.1.0 20060810\n");
+    for (minor, node) in (0..).zip([
+        "/dev/dri/card0",
+        "/dev/dri/controlD64",
+        "/dev/dri/renderD128",
+        "/dev/dri/card1",
+        "/dev/dri/renderD129",
+        "/dev/dri/card2",
+        "/dev/dri/renderD130",
+    ]) {
+        fs.char_dev(node, 226, minor);
     }
-}
-
-fn ids(t: &DeviceTree) -> Vec<String> {
-    t.iter()
-        .flat_map(|g| {
-            g.devices
-                .iter()
-                .map(move |d| format!("{}/{}", g.dev_type, d.id))
-        })
-        .collect()
+    fs.char_dev("/dev/mei0", 238, 0);
+    for (link, target) in [
+        ("pci-0000:00:02.0-card", "../card0"),
+        ("pci-0000:00:02.0-render", "../renderD128"),
+        ("pci-0000:03:00.0-card", "../card1"),
+        ("pci-0000:03:00.0-render", "../renderD129"),
+    ] {
+        fs.link(&format!("{BYPATH_DIR}/{link}"), target);
+    }
+    fs
 }
 
 fn paths(specs: &[DeviceSpec]) -> Vec<&str> {
@@ -231,21 +208,25 @@ fn sharing_filters_and_skips() {
     );
 
     let mut m = machine();
-    m.cards[0].1.attrs.insert("sriov_numvfs", "2\n");
-    m.cards[1].1.driver = None;
-    m.dev
-        .retain(|p| !p.ends_with("card1") && !p.ends_with("renderD129"));
+    m.file(
+        &format!("{}/sriov_numvfs", device_dir("0000:00:02.0")),
+        "2\n",
+    )
+    .remove(&format!("{}/driver", device_dir("0000:03:00.0")))
+    .remove("/dev/dri/card1")
+    .remove("/dev/dri/renderD129");
     assert!(
         tree(&m, &Options::default()).is_empty(),
         "PF with VFs, no nodes"
     );
-    m.dev.push("/dev/dri/renderD129");
+    m.char_dev("/dev/dri/renderD129", 226, 4);
     assert_eq!(
         ids(&tree(&m, &Options::default())),
         ["i915/card1-0"],
         "no driver: upstream's default type; a render node is enough"
     );
-    m.cards[1].1.drm = None;
+    unplace(&mut m, "card1", "0000:03:00.0");
+    m.remove(&format!("{}/drm", device_dir("0000:03:00.0")));
     assert!(tree(&m, &Options::default()).is_empty(), "no device/drm");
 }
 
@@ -263,14 +244,14 @@ fn bypath_modes() {
     assert!(mounts[0].read_only);
     let t = tree(&m, &with(Bypath::None));
     assert!(info(&t, "xe", "card1-0").mounts.is_empty());
-    m.cards[1].1.bdf = None;
+    unplace(&mut m, "card1", "0000:03:00.0");
     let t = tree(&m, &with(Bypath::Single));
     assert!(
         info(&t, "xe", "card1-0").mounts.is_empty(),
         "no PCI address"
     );
     assert_eq!(info(&t, "i915", "card0-0").mounts.len(), 2);
-    m.bypath = None;
+    m.remove(BYPATH_DIR);
     let t = tree(&m, &with(Bypath::All));
     assert!(
         info(&t, "i915", "card0-0").mounts.is_empty(),
@@ -281,7 +262,7 @@ fn bypath_modes() {
 #[test]
 fn monitoring_device_holds_every_gpu() {
     let mut m = machine();
-    m.cards[0].1.mei = vec!["mei9"]; // listed in sysfs, but no node in /dev
+    mei(&mut m, "0000:00:02.0", "mei9"); // listed in sysfs, but no node in /dev
     let single = Options {
         monitoring: Some(MonitoringMode::Single),
         ..Options::default()
@@ -331,15 +312,17 @@ fn identity_follows_a_gpu_across_drivers_but_not_monitoring_types() {
     let mut v = Vanished::new();
     let mut m = machine();
     v.mark_moving(tree(&m, &Options::default()), identity);
-    m.cards[1].1.driver = Some("i915");
+    m.link(
+        &format!("{}/driver", device_dir("0000:03:00.0")),
+        "../../../bus/pci/drivers/i915",
+    );
     let t = v.mark_moving(tree(&m, &Options::default()), identity);
     assert_eq!(
         ids(&t),
         ["i915/card0-0", "i915/card1-0"],
         "moved, no ghost under xe"
     );
-    m.dev
-        .retain(|p| !p.ends_with("card1") && !p.ends_with("renderD129"));
+    m.remove("/dev/dri/card1").remove("/dev/dri/renderD129");
     let t = v.mark_moving(tree(&m, &Options::default()), identity);
     assert_eq!(ids(&t), ["i915/card0-0", "i915/card1-0"]);
     assert_eq!(

@@ -38,11 +38,11 @@
 use wdp_guest::tree::is_dev_type;
 
 use wdp_guest::{
-    DeviceInfo, DeviceTree, TreeBuilder, config,
-    devfs::{self, Node, NodeKind},
+    DeviceInfo, TreeBuilder, config,
+    devfs::NodeKind,
     health::Vanished,
-    notes::Notes,
-    sysfs,
+    hostfs::{Host, HostFs},
+    notes::{Notes, Scanned},
 };
 
 /// Which accelerator's queues to serve.
@@ -95,76 +95,22 @@ impl Config {
     }
 }
 
-/// What discovery needs from the machine: /sys through std::fs and /dev through devfs in the
-/// guest, a fake in unit tests.
-pub trait Machine {
-    /// Sorted paths under /sys matching a glob.
-    fn glob(&self, pattern: &str) -> Vec<String>;
-    /// A sysfs attribute, trimmed; None when unreadable.
-    fn read_attr(&self, path: &str) -> Option<String>;
-    /// A /dev entry, not following a final symlink.
-    fn dev_stat(&self, path: &str) -> Option<Node>;
-    /// The stored target of a /dev symlink.
-    fn dev_read_link(&self, path: &str) -> Option<String>;
-}
-
-/// The most symlinks [`dev_resolve`] follows (Linux's own limit).
-const MAX_LINK_HOPS: usize = 40;
-
-/// `realpath` under /dev through `m`, one component at a time (upstream's
-/// `filepath.EvalSymlinks`); None for a missing component or a link loop.
-pub fn dev_resolve(m: &impl Machine, path: &str) -> Option<String> {
-    let mut pending: Vec<String> = path.split('/').rev().map(str::to_string).collect();
-    let mut done: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(part) = pending.pop() {
-        match part.as_str() {
-            "" | "." => continue,
-            ".." => {
-                done.pop();
-                continue;
-            }
-            _ => {}
-        }
-        done.push(part);
-        let here = format!("/{}", done.join("/"));
-        if here == "/dev" {
-            continue;
-        }
-        if m.dev_stat(&here)?.kind != NodeKind::Symlink {
-            continue;
-        }
-        hops += 1;
-        if hops > MAX_LINK_HOPS {
-            return None;
-        }
-        done.pop();
-        let target = m.dev_read_link(&here)?;
-        if target.starts_with('/') {
-            done.clear();
-        }
-        pending.extend(target.split('/').rev().map(str::to_string));
-    }
-    Some(format!("/{}", done.join("/")))
-}
-
 /// The nodes of user queue `wq` (upstream's `getDevNodes`): `/dev/<device>/<wq>` and its
 /// `/dev/char/<major>:<minor>` link; Err says what is wrong.
-pub fn queue_nodes(m: &impl Machine, device: &str, wq: &str) -> Result<DeviceInfo, String> {
+pub fn queue_nodes(m: &impl HostFs, device: &str, wq: &str) -> Result<DeviceInfo, String> {
     let node = format!("/dev/{device}/{wq}");
-    let st = m
-        .dev_stat(&node)
-        .ok_or_else(|| format!("{node} is missing"))?;
+    let st = m.stat(&node).map_err(|_| format!("{node} is missing"))?;
     if st.kind != NodeKind::CharDevice {
         return Err(format!("{node} is not a character device"));
     }
     let link = format!("{CHAR_DEV_DIR}/{}:{}", st.major, st.minor);
-    match m.dev_stat(&link) {
-        Some(l) if l.kind == NodeKind::Symlink => {}
-        Some(_) => return Err(format!("{link} is not a symlink")),
-        None => return Err(format!("{link} is missing")),
+    match m.stat(&link) {
+        Ok(l) if l.kind == NodeKind::Symlink => {}
+        Ok(_) => return Err(format!("{link} is not a symlink")),
+        Err(_) => return Err(format!("{link} is missing")),
     }
-    match dev_resolve(m, &link) {
+    // upstream's filepath.EvalSymlinks
+    match m.realpath(&link) {
         Some(target) if target == node => {}
         Some(target) => return Err(format!("{link} points to {target}, not {node}")),
         None => return Err(format!("{link} does not resolve")),
@@ -174,15 +120,8 @@ pub fn queue_nodes(m: &impl Machine, device: &str, wq: &str) -> Result<DeviceInf
         .node(&link, &link, "rw"))
 }
 
-/// One scan's tree, and a message for each enabled queue left out.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Scan {
-    pub tree: DeviceTree,
-    pub notes: Vec<String>,
-}
-
-/// One scan over `m` (upstream's `scan`).
-pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
+/// One scan of the machine `m` shows (upstream's `scan`).
+pub fn scan(m: &impl HostFs, cfg: &Config) -> Scanned {
     let mut tree = TreeBuilder::new();
     let mut notes = Vec::new();
     for state_path in m.glob(&cfg.state_pattern()) {
@@ -227,27 +166,9 @@ pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
         };
         tree.add_shared(&dev_type, &format!("{dev_type}-{wq}"), amount, info);
     }
-    Scan {
+    Scanned {
         tree: tree.build(),
         notes,
-    }
-}
-
-/// The guest's view of the machine.
-struct Guest;
-
-impl Machine for Guest {
-    fn glob(&self, pattern: &str) -> Vec<String> {
-        sysfs::glob_paths(pattern)
-    }
-    fn read_attr(&self, path: &str) -> Option<String> {
-        sysfs::read_attr(path)
-    }
-    fn dev_stat(&self, path: &str) -> Option<Node> {
-        devfs::stat(path).ok()
-    }
-    fn dev_read_link(&self, path: &str) -> Option<String> {
-        devfs::read_link(path).ok()
     }
 }
 
@@ -268,7 +189,7 @@ impl wdp_guest::Scanner for Idxd {
         let mut vanished = Vanished::new();
         let mut notes = Notes::new();
         wdp_guest::run(|| {
-            let scan = scan(&Guest, &cfg);
+            let scan = scan(&Host, &cfg);
             notes.print(scan.notes);
             Ok(vanished.mark_moving(scan.tree, queue_of))
         })
@@ -280,70 +201,23 @@ wdp_guest::export_scanner!(Idxd);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use wdp_guest::hostfs::FakeFs;
+    use wdp_guest::tree::type_ids;
 
-    /// Sysfs attributes, /dev entries (kind, major, minor) and /dev link targets.
-    #[derive(Default)]
-    struct Fake {
-        attrs: BTreeMap<String, String>,
-        dev: BTreeMap<String, (NodeKind, u32, u32)>,
-        links: BTreeMap<String, String>,
+    /// Queue `wq` of device `dev` in sysfs, with its state, mode and type.
+    fn queue(fs: &mut FakeFs, dev: &str, wq: &str, state: &str, mode: &str, ty: &str) {
+        let dir = format!("/sys/bus/dsa/devices/{dev}/{wq}");
+        fs.file(&format!("{dir}/state"), state)
+            .file(&format!("{dir}/mode"), mode)
+            .file(&format!("{dir}/type"), ty);
     }
 
-    impl Machine for Fake {
-        fn glob(&self, pattern: &str) -> Vec<String> {
-            let (prefix, _) = pattern.split_once('*').unwrap();
-            self.attrs
-                .keys()
-                .filter(|k| k.starts_with(prefix) && k.ends_with("/state"))
-                .cloned()
-                .collect()
-        }
-        fn read_attr(&self, path: &str) -> Option<String> {
-            self.attrs.get(path).cloned()
-        }
-        fn dev_stat(&self, path: &str) -> Option<Node> {
-            if self.links.contains_key(path) {
-                return Some(node(path, NodeKind::Symlink, 0, 0));
-            }
-            let (kind, major, minor) = *self.dev.get(path)?;
-            Some(node(path, kind, major, minor))
-        }
-        fn dev_read_link(&self, path: &str) -> Option<String> {
-            self.links.get(path).cloned()
-        }
-    }
-
-    fn node(path: &str, kind: NodeKind, major: u32, minor: u32) -> Node {
-        Node {
-            name: path.rsplit('/').next().unwrap().into(),
-            kind,
-            major,
-            minor,
-            mode: 0o600,
-        }
-    }
-
-    impl Fake {
-        fn dirs(&mut self, paths: &[&str]) {
-            for p in paths {
-                self.dev.insert(p.to_string(), (NodeKind::Directory, 0, 0));
-            }
-        }
-
-        fn queue(&mut self, dev: &str, wq: &str, state: &str, mode: &str, ty: &str) {
-            let dir = format!("/sys/bus/dsa/devices/{dev}/{wq}");
-            self.attrs.insert(format!("{dir}/state"), state.into());
-            self.attrs.insert(format!("{dir}/mode"), mode.into());
-            self.attrs.insert(format!("{dir}/type"), ty.into());
-        }
-
-        fn user_node(&mut self, class: &str, wq: &str, minor: u32) {
-            let path = format!("/dev/{class}/{wq}");
-            self.dev.insert(path, (NodeKind::CharDevice, 236, minor));
-            self.links
-                .insert(format!("/dev/char/236:{minor}"), format!("../{class}/{wq}"));
-        }
+    /// The node of user queue `wq` in `/dev/<class>` and its `/dev/char` link.
+    fn user_node(fs: &mut FakeFs, class: &str, wq: &str, minor: u32) {
+        fs.char_dev(&format!("/dev/{class}/{wq}"), 236, minor).link(
+            &format!("/dev/char/236:{minor}"),
+            &format!("../{class}/{wq}"),
+        );
     }
 
     fn cfg(device: &str, shared: u32) -> Config {
@@ -353,28 +227,21 @@ mod tests {
         }
     }
 
-    fn ids(s: &Scan) -> Vec<String> {
-        s.tree
-            .iter()
-            .flat_map(|g| {
-                g.devices
-                    .iter()
-                    .map(move |d| format!("{}/{}", g.dev_type, d.id))
-            })
-            .collect()
+    fn ids(s: &Scanned) -> Vec<String> {
+        type_ids(&s.tree)
     }
 
-    fn fake() -> Fake {
-        let mut m = Fake::default();
-        m.dirs(&["/dev", "/dev/dsa", "/dev/iax", "/dev/char"]);
-        m.queue("dsa0", "wq0.0", "enabled", "dedicated", "user");
-        m.queue("dsa0", "wq0.1", "enabled", "shared", "user");
-        m.queue("dsa0", "wq0.2", "disabled", "shared", "user");
-        m.queue("dsa0", "wq0.3", "enabled", "dedicated", "kernel");
-        m.queue("iax1", "wq1.0", "enabled", "shared", "user");
-        m.user_node("dsa", "wq0.0", 0);
-        m.user_node("dsa", "wq0.1", 1);
-        m.user_node("iax", "wq1.0", 2);
+    fn fake() -> FakeFs {
+        let mut m = FakeFs::new();
+        m.dir("/dev/dsa").dir("/dev/iax").dir("/dev/char");
+        queue(&mut m, "dsa0", "wq0.0", "enabled", "dedicated", "user");
+        queue(&mut m, "dsa0", "wq0.1", "enabled", "shared", "user");
+        queue(&mut m, "dsa0", "wq0.2", "disabled", "shared", "user");
+        queue(&mut m, "dsa0", "wq0.3", "enabled", "dedicated", "kernel");
+        queue(&mut m, "iax1", "wq1.0", "enabled", "shared", "user");
+        user_node(&mut m, "dsa", "wq0.0", 0);
+        user_node(&mut m, "dsa", "wq0.1", 1);
+        user_node(&mut m, "iax", "wq1.0", 2);
         m
     }
 
@@ -447,9 +314,8 @@ mod tests {
     #[test]
     fn broken_user_queues_are_left_out_with_a_note() {
         let mut m = fake();
-        m.dev.remove("/dev/dsa/wq0.0");
-        m.links
-            .insert("/dev/char/236:1".into(), "../dsa/wq0.0".into());
+        m.remove("/dev/dsa/wq0.0");
+        m.link("/dev/char/236:1", "../dsa/wq0.0");
         let s = scan(&m, &cfg("dsa", 1));
         assert_eq!(ids(&s), ["wq-kernel-dedicated/wq-kernel-dedicated-wq0.3-0"]);
         assert_eq!(
@@ -460,13 +326,9 @@ mod tests {
             ]
         );
         let mut m = fake();
-        m.links
-            .insert("/dev/char/236:1".into(), "/dev/dsa/wq0.0".into());
-        m.dev
-            .insert("/dev/dsa/wq0.0".into(), (NodeKind::File, 0, 0));
-        m.links.remove("/dev/char/236:0");
-        m.dev
-            .insert("/dev/char/236:0".into(), (NodeKind::CharDevice, 236, 0));
+        m.link("/dev/char/236:1", "/dev/dsa/wq0.0")
+            .file("/dev/dsa/wq0.0", "")
+            .char_dev("/dev/char/236:0", 236, 0);
         let s = scan(&m, &cfg("dsa", 1));
         assert_eq!(
             s.notes,
@@ -487,8 +349,8 @@ mod tests {
         let c = cfg("dsa", 2);
         let mut v = Vanished::new();
         v.mark(scan(&m, &c).tree);
-        m.queue("dsa0", "wq0.1", "enabled", "dedicated", "user");
-        m.queue("dsa0", "wq0.3", "disabled", "dedicated", "kernel");
+        queue(&mut m, "dsa0", "wq0.1", "enabled", "dedicated", "user");
+        queue(&mut m, "dsa0", "wq0.3", "disabled", "dedicated", "kernel");
         let now = scan(&m, &c).tree;
         let t = v.mark_moving(now, queue_of);
         let got: Vec<String> = t
@@ -514,11 +376,11 @@ mod tests {
     #[test]
     fn dev_links_resolve_through_relative_and_absolute_hops() {
         let mut m = fake();
-        m.links.insert("/dev/a".into(), "char/236:0".into());
-        m.links.insert("/dev/b".into(), "/dev/a".into());
-        m.links.insert("/dev/loop".into(), "loop".into());
-        assert_eq!(dev_resolve(&m, "/dev/b").as_deref(), Some("/dev/dsa/wq0.0"));
-        assert_eq!(dev_resolve(&m, "/dev/loop"), None);
-        assert_eq!(dev_resolve(&m, "/dev/missing"), None);
+        m.link("/dev/a", "char/236:0")
+            .link("/dev/b", "/dev/a")
+            .link("/dev/loop", "loop");
+        assert_eq!(m.realpath("/dev/b").as_deref(), Some("/dev/dsa/wq0.0"));
+        assert_eq!(m.realpath("/dev/loop"), None);
+        assert_eq!(m.realpath("/dev/missing"), None);
     }
 }

@@ -23,7 +23,8 @@
 //! the accel subsystem); here that is an empty tree, since restarting cannot make NPUs appear.
 
 use wdp_guest::health::Vanished;
-use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, sysfs};
+use wdp_guest::hostfs::{Host, HostFs};
+use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config};
 
 /// The sysfs class listing accel devices.
 pub const SYSFS_CLASS: &str = "/sys/class/accel";
@@ -67,29 +68,21 @@ pub fn is_npu(vendor: Option<&str>, device: Option<&str>) -> bool {
     vendor_ok && id.is_some_and(|id| NPU_IDS.contains(&id))
 }
 
-/// What the scanner needs to know about the machine, so the logic runs off wasm in tests.
-pub trait Machine {
-    /// The entries of `/sys/class/accel`, sorted.
-    fn class_entries(&self) -> Vec<String>;
-    /// The raw contents of `/sys/class/accel/<name>/device/<attr>`.
-    fn attr(&self, name: &str, attr: &str) -> Option<String>;
-    /// True when `path` under /dev exists.
-    fn exists(&self, path: &str) -> bool;
-}
-
-/// The tree for `machine` with `shared` devices per NPU.
-pub fn tree(machine: &impl Machine, shared: u32) -> DeviceTree {
+/// The tree for the machine `fs` shows with `shared` devices per NPU.
+pub fn tree(fs: &impl HostFs, shared: u32) -> DeviceTree {
     let mut t = TreeBuilder::new();
-    for name in machine.class_entries() {
+    for name in fs.names(SYSFS_CLASS) {
         if !is_accel_name(&name) {
             continue;
         }
-        let (vendor, device) = (machine.attr(&name, "vendor"), machine.attr(&name, "device"));
+        // raw: upstream trims the vendor but not the device id (see `is_npu`)
+        let attr = |a: &str| fs.read(&format!("{SYSFS_CLASS}/{name}/device/{a}")).ok();
+        let (vendor, device) = (attr("vendor"), attr("device"));
         if !is_npu(vendor.as_deref(), device.as_deref()) {
             continue;
         }
         let node = format!("{DEV_DIR}/{name}");
-        if !machine.exists(&node) {
+        if !fs.exists(&node) {
             continue;
         }
         let info = DeviceInfo::new().node(&node, &node, "rw");
@@ -98,28 +91,13 @@ pub fn tree(machine: &impl Machine, shared: u32) -> DeviceTree {
     t.build()
 }
 
-/// The guest's view: /sys through std::fs, /dev through devfs.
-struct Guest;
-
-impl Machine for Guest {
-    fn class_entries(&self) -> Vec<String> {
-        sysfs::list_dir(SYSFS_CLASS)
-    }
-    fn attr(&self, name: &str, attr: &str) -> Option<String> {
-        std::fs::read_to_string(format!("{SYSFS_CLASS}/{name}/device/{attr}")).ok()
-    }
-    fn exists(&self, path: &str) -> bool {
-        devfs::stat(path).is_ok()
-    }
-}
-
 struct Npu;
 
 impl wdp_guest::Scanner for Npu {
     fn scan() -> Result<(), String> {
         let shared = parse_shared_dev_num(config::env_var(SHARED_DEV_NUM_ENV).as_deref())?;
         let mut vanished = Vanished::new();
-        wdp_guest::run(|| Ok(vanished.mark(tree(&Guest, shared))))
+        wdp_guest::run(|| Ok(vanished.mark(tree(&Host, shared))))
     }
 }
 
@@ -128,48 +106,21 @@ wdp_guest::export_scanner!(Npu);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use wdp_guest::hostfs::FakeFs;
+    use wdp_guest::tree::type_ids as ids;
 
-    struct Fake {
-        attrs: HashMap<(String, String), String>,
-        nodes: Vec<String>,
-    }
-
-    impl Machine for Fake {
-        fn class_entries(&self) -> Vec<String> {
-            let mut names: Vec<String> = self.attrs.keys().map(|(n, _)| n.clone()).collect();
-            names.sort();
-            names.dedup();
-            names
-        }
-        fn attr(&self, name: &str, attr: &str) -> Option<String> {
-            self.attrs.get(&(name.into(), attr.into())).cloned()
-        }
-        fn exists(&self, path: &str) -> bool {
-            self.nodes.iter().any(|n| n == path)
-        }
-    }
-
-    fn fake(devs: &[(&str, &str, &str)], nodes: &[&str]) -> Fake {
-        let mut attrs = HashMap::new();
+    /// `devs` as (name, vendor, device) under /sys/class/accel, `nodes` under /dev.
+    fn fake(devs: &[(&str, &str, &str)], nodes: &[&str]) -> FakeFs {
+        let mut fs = FakeFs::new();
         for (name, vendor, device) in devs {
-            attrs.insert((name.to_string(), "vendor".into()), vendor.to_string());
-            attrs.insert((name.to_string(), "device".into()), device.to_string());
+            let dir = format!("{SYSFS_CLASS}/{name}/device");
+            fs.file(&format!("{dir}/vendor"), vendor)
+                .file(&format!("{dir}/device"), device);
         }
-        Fake {
-            attrs,
-            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+        for (minor, node) in (0..).zip(nodes) {
+            fs.char_dev(node, 261, minor);
         }
-    }
-
-    fn ids(t: &DeviceTree) -> Vec<String> {
-        t.iter()
-            .flat_map(|g| {
-                g.devices
-                    .iter()
-                    .map(move |d| format!("{}/{}", g.dev_type, d.id))
-            })
-            .collect()
+        fs
     }
 
     #[test]

@@ -16,8 +16,10 @@
 
 use std::collections::HashMap;
 
+use wdp_guest::hostfs::{HostFs, ReadError};
+use wdp_guest::notes::Scanned;
 use wdp_guest::tree::is_dev_type;
-use wdp_guest::{DeviceInfo, DeviceTree, Health, TreeBuilder};
+use wdp_guest::{DeviceInfo, Health, TreeBuilder};
 
 use crate::config::{Config, DpdkDriver, VF_DEVICE_DRIVERS};
 
@@ -34,58 +36,24 @@ pub const GENERIC: &str = "generic";
 /// VF ids whose PF reports its configured services (Gen4 4xxx/401xx/402xx, 420xx, Gen6).
 pub const VF_IDS_WITH_SERVICES: [&str; 5] = ["4941", "4943", "4945", "4947", "4949"];
 
-/// Why a file could not be read: upstream treats "missing" and "unreadable" differently.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReadError {
-    Missing,
-    Unreadable(String),
-}
-
-/// What discovery needs from the machine: /sys through std::fs and /dev through devfs in the
-/// guest, a fake in unit tests. Paths are absolute guest paths.
-pub trait Machine {
-    /// Sorted paths under /sys matching a glob.
-    fn glob(&self, pattern: &str) -> Vec<String>;
-    /// `realpath` inside /sys; None when a component is missing.
-    fn resolve(&self, path: &str) -> Option<String>;
-    /// A file's whole contents.
-    fn read(&self, path: &str) -> Result<String, ReadError>;
-    /// The names in a directory, sorted; empty when it is missing.
-    fn list_dir(&self, path: &str) -> Vec<String>;
-    /// True when `path` under /dev is a character device.
-    fn is_char_device(&self, path: &str) -> bool;
-}
-
-/// One scan's result: the tree, and a message for each VF left out or described with a
-/// fallback (the caller logs each once).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Scan {
-    pub tree: DeviceTree,
-    pub notes: Vec<String>,
-}
-
 /// The last component of a path.
 pub fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-fn name_of_link(m: &impl Machine, path: &str) -> Option<String> {
-    m.resolve(path).map(|p| basename(&p).to_string())
-}
-
 /// The first `max` VF directories (resolved), in upstream's order.
-pub fn vf_dirs(m: &impl Machine, cfg: &Config) -> Vec<String> {
+pub fn vf_dirs(m: &impl HostFs, cfg: &Config) -> Vec<String> {
     let mut pfs = Vec::new();
     for vf_driver in &cfg.kernel_vf_drivers {
         let pf_driver = vf_driver.strip_suffix("vf").unwrap_or(vf_driver);
         let pattern = format!("{PCI_DRIVERS_DIR}/{pf_driver}/????:??:??.?");
-        pfs.extend(m.glob(&pattern).iter().filter_map(|p| m.resolve(p)));
+        pfs.extend(m.glob(&pattern).iter().filter_map(|p| m.resolve_sys(p)));
     }
     let mut vfs: Vec<String> = Vec::new();
     if pfs.is_empty() {
         // No PF bound to a QAT driver: probably a VM given VFs only.
         for dev in m.glob(&format!("{PCI_DEVICES_DIR}/????:??:??.?")) {
-            let Some(dir) = m.resolve(&dev) else {
+            let Some(dir) = m.resolve_sys(&dev) else {
                 continue;
             };
             let Some(id) = device_id(m, &dir) else {
@@ -101,7 +69,7 @@ pub fn vf_dirs(m: &impl Machine, cfg: &Config) -> Vec<String> {
     } else {
         for pf in &pfs {
             let pattern = format!("{pf}/virtfn*");
-            vfs.extend(m.glob(&pattern).iter().filter_map(|p| m.resolve(p)));
+            vfs.extend(m.glob(&pattern).iter().filter_map(|p| m.resolve_sys(p)));
         }
     }
     vfs.truncate(cfg.max_devices);
@@ -109,7 +77,7 @@ pub fn vf_dirs(m: &impl Machine, cfg: &Config) -> Vec<String> {
 }
 
 /// A device's PCI device id, trimmed and without `0x` (`"0x4941\n"` -> `"4941"`).
-pub fn device_id(m: &impl Machine, dir: &str) -> Option<String> {
+pub fn device_id(m: &impl HostFs, dir: &str) -> Option<String> {
     let raw = m.read(&format!("{dir}/device")).ok()?;
     let id = raw.trim();
     Some(id.strip_prefix("0x").unwrap_or(id).to_string())
@@ -161,7 +129,7 @@ pub fn ini_value(text: &str, section: &str, key: &str) -> Option<String> {
 
 /// Upstream's `readDeviceConfiguration`: the services the PF at `pf` (resolved) is configured
 /// for, as a resource name before the `cy` mapping; [`GENERIC`] when they cannot be read.
-pub fn pf_services(m: &impl Machine, pf: &str) -> String {
+pub fn pf_services(m: &impl HostFs, pf: &str) -> String {
     let state = match m.read(&format!("{pf}/qat/state")) {
         Ok(s) => Some(s),
         Err(ReadError::Missing) => None,
@@ -174,7 +142,7 @@ pub fn pf_services(m: &impl Machine, pf: &str) -> String {
             Err(ReadError::Unreadable(_)) => return GENERIC.into(),
         }
     }
-    let driver = name_of_link(m, &format!("{pf}/driver")).unwrap_or_default();
+    let driver = m.resolve_name(&format!("{pf}/driver")).unwrap_or_default();
     let path = format!("{DEBUGFS_DIR}/qat_{driver}_{}/dev_cfg", basename(pf));
     match m.read(&path) {
         Ok(text) => {
@@ -186,11 +154,11 @@ pub fn pf_services(m: &impl Machine, pf: &str) -> String {
 
 /// The device type of the VF at `vf` (resolved) with PCI device id `id` (upstream's
 /// `getDeviceCapabilities`), and a note when the PF's services were not a usable name.
-pub fn vf_type(m: &impl Machine, vf: &str, id: &str) -> (String, Option<String>) {
+pub fn vf_type(m: &impl HostFs, vf: &str, id: &str) -> (String, Option<String>) {
     if !VF_IDS_WITH_SERVICES.contains(&id) {
         return (GENERIC.into(), None);
     }
-    let Some(pf) = m.resolve(&format!("{vf}/physfn")) else {
+    let Some(pf) = m.resolve_sys(&format!("{vf}/physfn")) else {
         return (GENERIC.into(), None);
     };
     let services = pf_services(m, &pf);
@@ -213,14 +181,14 @@ pub fn vf_type(m: &impl Machine, vf: &str, id: &str) -> (String, Option<String>)
 
 /// The health of the VF at `vf` (upstream's `getDeviceHealthiness`): its PF's heartbeat,
 /// read once per PF per scan (`cache`); Healthy when there is no PF or no heartbeat file.
-pub fn vf_health(m: &impl Machine, vf: &str, cache: &mut HashMap<String, Health>) -> Health {
-    let Some(pf) = m.resolve(&format!("{vf}/physfn")) else {
+pub fn vf_health(m: &impl HostFs, vf: &str, cache: &mut HashMap<String, Health>) -> Health {
+    let Some(pf) = m.resolve_sys(&format!("{vf}/physfn")) else {
         return Health::Healthy;
     };
     if let Some(h) = cache.get(&pf) {
         return *h;
     }
-    let driver = name_of_link(m, &format!("{pf}/driver")).unwrap_or_default();
+    let driver = m.resolve_name(&format!("{pf}/driver")).unwrap_or_default();
     let status = format!(
         "{DEBUGFS_DIR}/qat_{driver}_{}/heartbeat/status",
         basename(&pf)
@@ -235,12 +203,13 @@ pub fn vf_health(m: &impl Machine, vf: &str, cache: &mut HashMap<String, Health>
 
 /// The nodes and mounts through which a container uses the VF at `vf` (bound to the DPDK
 /// driver); Err says why it cannot be used.
-pub fn access(m: &impl Machine, driver: DpdkDriver, vf: &str) -> Result<DeviceInfo, String> {
+pub fn access(m: &impl HostFs, driver: DpdkDriver, vf: &str) -> Result<DeviceInfo, String> {
     let bdf = basename(vf);
     let info = match driver {
         DpdkDriver::VfioPci => {
             let group_link = format!("{PCI_DEVICES_DIR}/{bdf}/iommu_group");
-            let group = name_of_link(m, &group_link)
+            let group = m
+                .resolve_name(&group_link)
                 .ok_or_else(|| "bound to vfio-pci but has no IOMMU group".to_string())?;
             // With enable_unsafe_noiommu_mode the kernel names the group node noiommu-<n>.
             let noiommu = m
@@ -260,7 +229,7 @@ pub fn access(m: &impl Machine, driver: DpdkDriver, vf: &str) -> Result<DeviceIn
         }
         DpdkDriver::IgbUio => {
             let uio = m
-                .list_dir(&format!("{PCI_DEVICES_DIR}/{bdf}/uio"))
+                .names(&format!("{PCI_DEVICES_DIR}/{bdf}/uio"))
                 .into_iter()
                 .next()
                 .ok_or_else(|| "bound to igb_uio but has no uio device".to_string())?;
@@ -277,19 +246,19 @@ pub fn access(m: &impl Machine, driver: DpdkDriver, vf: &str) -> Result<DeviceIn
     Ok(info)
 }
 
-/// One scan over `m`.
+/// One scan of the machine `m` shows.
 ///
 /// Where upstream changes the machine or stops, this scan leaves a VF out and says why in
-/// [`Scan::notes`]: a VF not bound to the DPDK driver (upstream rebinds it), a VF whose id,
+/// [`Scanned::notes`]: a VF not bound to the DPDK driver (upstream rebinds it), a VF whose id,
 /// IOMMU group, uio device or device nodes cannot be found (upstream exits).
-pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
+pub fn scan(m: &impl HostFs, cfg: &Config) -> Scanned {
     let mut tree = TreeBuilder::new();
     let mut notes = Vec::new();
     let mut health_cache = HashMap::new();
     let want = cfg.dpdk_driver.name();
     for (i, vf) in vf_dirs(m, cfg).iter().enumerate() {
         let bdf = basename(vf);
-        let driver = name_of_link(m, &format!("{vf}/driver"));
+        let driver = m.resolve_name(&format!("{vf}/driver"));
         if driver.as_deref() != Some(want) {
             let bound = driver.map_or("no driver".to_string(), |d| format!("driver {d}"));
             notes.push(format!(
@@ -316,7 +285,7 @@ pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
             .health(vf_health(m, vf, &mut health_cache));
         tree.add(&dev_type, bdf, info);
     }
-    Scan {
+    Scanned {
         tree: tree.build(),
         notes,
     }
@@ -325,118 +294,44 @@ pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-
-    /// A fake machine: files, links (already-resolved targets), globs and char devices.
-    #[derive(Default)]
-    struct Fake {
-        files: BTreeMap<String, Result<String, ReadError>>,
-        links: BTreeMap<String, String>,
-        globs: BTreeMap<String, Vec<String>>,
-        dirs: BTreeMap<String, Vec<String>>,
-        chars: Vec<String>,
-    }
-
-    impl Machine for Fake {
-        fn glob(&self, pattern: &str) -> Vec<String> {
-            self.globs.get(pattern).cloned().unwrap_or_default()
-        }
-        fn resolve(&self, path: &str) -> Option<String> {
-            // Replace the longest linked prefix until none is left.
-            let mut resolved = path.to_string();
-            for _ in 0..10 {
-                let mut best: Option<(&String, &String)> = None;
-                for (link, target) in &self.links {
-                    let hit = resolved == *link || resolved.starts_with(&format!("{link}/"));
-                    if hit && best.is_none_or(|(b, _)| link.len() > b.len()) {
-                        best = Some((link, target));
-                    }
-                }
-                let Some((link, target)) = best else { break };
-                resolved = format!("{target}{}", &resolved[link.len()..]);
-            }
-            let exists = self.files.contains_key(&resolved)
-                || self.dirs.contains_key(&resolved)
-                || self.links.values().any(|t| *t == resolved);
-            exists.then_some(resolved)
-        }
-        fn read(&self, path: &str) -> Result<String, ReadError> {
-            let path = self.resolve(path).unwrap_or(path.to_string());
-            self.files
-                .get(&path)
-                .cloned()
-                .unwrap_or(Err(ReadError::Missing))
-        }
-        fn list_dir(&self, path: &str) -> Vec<String> {
-            self.dirs.get(path).cloned().unwrap_or_default()
-        }
-        fn is_char_device(&self, path: &str) -> bool {
-            self.chars.iter().any(|c| c == path)
-        }
-    }
+    use wdp_guest::hostfs::FakeFs;
 
     const PF: &str = "/sys/devices/pci0000:6b/0000:6b:00.0";
     const VF1: &str = "/sys/devices/pci0000:6b/0000:6b:00.1";
     const VF2: &str = "/sys/devices/pci0000:6b/0000:6b:00.2";
 
-    impl Fake {
-        fn file(&mut self, path: &str, v: &str) -> &mut Self {
-            self.files.insert(path.into(), Ok(v.into()));
-            self
+    /// A 4xxx PF with two VFs bound to vfio-pci in IOMMU groups 21 and 22.
+    fn gen4() -> FakeFs {
+        let mut f = FakeFs::new();
+        f.file(&format!("{PF}/device"), "0x4940\n")
+            .link(&format!("{PF}/driver"), "/sys/bus/pci/drivers/4xxx")
+            .file("/sys/bus/pci/drivers/4xxx/bind", "")
+            .link("/sys/bus/pci/drivers/4xxx/0000:6b:00.0", PF)
+            .link(&format!("{PF}/virtfn0"), VF1)
+            .link(&format!("{PF}/virtfn1"), VF2)
+            .file("/sys/bus/pci/drivers/vfio-pci/bind", "")
+            .file("/sys/kernel/iommu_groups/21/type", "DMA\n")
+            .file("/sys/kernel/iommu_groups/22/type", "DMA\n");
+        for (vf, bdf, group) in [(VF1, "0000:6b:00.1", "21"), (VF2, "0000:6b:00.2", "22")] {
+            f.file(&format!("{vf}/device"), "0x4941\n")
+                .link(&format!("{vf}/physfn"), PF)
+                .link(&format!("{vf}/driver"), "/sys/bus/pci/drivers/vfio-pci")
+                .link(&format!("/sys/bus/pci/devices/{bdf}"), vf)
+                .link(
+                    &format!("{vf}/iommu_group"),
+                    &format!("/sys/kernel/iommu_groups/{group}"),
+                );
+            f.char_dev(&format!("/dev/vfio/{group}"), 240, 0);
         }
-        fn link(&mut self, path: &str, target: &str) -> &mut Self {
-            self.links.insert(path.into(), target.into());
-            self
-        }
-        fn glob_result(&mut self, pattern: &str, paths: &[&str]) -> &mut Self {
-            self.globs.insert(
-                pattern.into(),
-                paths.iter().map(|s| s.to_string()).collect(),
-            );
-            self
-        }
-
-        /// A 4xxx PF with two VFs bound to vfio-pci in IOMMU groups 21 and 22.
-        fn gen4() -> Fake {
-            let mut f = Fake::default();
-            f.file(&format!("{PF}/device"), "0x4940\n")
-                .link(&format!("{PF}/driver"), "/sys/bus/pci/drivers/4xxx")
-                .file("/sys/bus/pci/drivers/4xxx/bind", "")
-                .glob_result(
-                    "/sys/bus/pci/drivers/4xxx/????:??:??.?",
-                    &["/sys/bus/pci/drivers/4xxx/0000:6b:00.0"],
-                )
-                .link("/sys/bus/pci/drivers/4xxx/0000:6b:00.0", PF)
-                .glob_result(
-                    &format!("{PF}/virtfn*"),
-                    &[&format!("{PF}/virtfn0"), &format!("{PF}/virtfn1")],
-                )
-                .link(&format!("{PF}/virtfn0"), VF1)
-                .link(&format!("{PF}/virtfn1"), VF2)
-                .file("/sys/bus/pci/drivers/vfio-pci/bind", "")
-                .file("/sys/kernel/iommu_groups/21/type", "DMA\n")
-                .file("/sys/kernel/iommu_groups/22/type", "DMA\n");
-            for (vf, bdf, group) in [(VF1, "0000:6b:00.1", "21"), (VF2, "0000:6b:00.2", "22")] {
-                f.file(&format!("{vf}/device"), "0x4941\n")
-                    .link(&format!("{vf}/physfn"), PF)
-                    .link(&format!("{vf}/driver"), "/sys/bus/pci/drivers/vfio-pci")
-                    .link(&format!("/sys/bus/pci/devices/{bdf}"), vf)
-                    .link(
-                        &format!("{vf}/iommu_group"),
-                        &format!("/sys/kernel/iommu_groups/{group}"),
-                    );
-                f.chars.push(format!("/dev/vfio/{group}"));
-            }
-            f.chars.push("/dev/vfio/vfio".into());
-            f
-        }
+        f.char_dev("/dev/vfio/vfio", 10, 196);
+        f
     }
 
     fn cfg() -> Config {
         Config::parse(|_| None).unwrap()
     }
 
-    fn summary(scan: &Scan) -> Vec<String> {
+    fn summary(scan: &Scanned) -> Vec<String> {
         scan.tree
             .iter()
             .flat_map(|g| {
@@ -503,7 +398,7 @@ mod tests {
 
     #[test]
     fn gen4_vfs_typed_by_sysfs_services() {
-        let mut m = Fake::gen4();
+        let mut m = gen4();
         m.file(&format!("{PF}/qat/state"), "up\n")
             .file(&format!("{PF}/qat/cfg_services"), "sym;asym\n");
         let s = scan(&m, &cfg());
@@ -525,7 +420,7 @@ mod tests {
 
     #[test]
     fn services_fall_back_to_debugfs_then_generic() {
-        let mut m = Fake::gen4();
+        let mut m = gen4();
         // Not up: debugfs dev_cfg decides (upstream's own test data).
         m.file(&format!("{PF}/qat/state"), "down\n")
             .file(&format!("{PF}/qat/cfg_services"), "sym\n")
@@ -539,13 +434,10 @@ mod tests {
             .file(&format!("{PF}/qat/cfg_services"), "");
         assert_eq!(pf_services(&m, PF), "dc");
         // Unreadable state: generic at once.
-        m.files.insert(
-            format!("{PF}/qat/state"),
-            Err(ReadError::Unreadable("EACCES".into())),
-        );
+        m.unreadable(&format!("{PF}/qat/state"), "EACCES");
         assert_eq!(pf_services(&m, PF), GENERIC);
         // Nothing readable at all: generic.
-        let mut bare = Fake::gen4();
+        let mut bare = gen4();
         assert_eq!(pf_services(&bare, PF), GENERIC);
         // A dev_cfg without the key: an empty name, which the type check turns into generic.
         bare.file(
@@ -561,7 +453,7 @@ mod tests {
 
     #[test]
     fn heartbeat_failure_is_unhealthy_for_every_vf_of_the_pf() {
-        let mut m = Fake::gen4();
+        let mut m = gen4();
         m.file(
             "/sys/kernel/debug/qat_4xxx_0000:6b:00.0/heartbeat/status",
             "-1\n",
@@ -580,7 +472,7 @@ mod tests {
 
     #[test]
     fn vfs_not_bound_to_the_dpdk_driver_are_left_out_with_a_note() {
-        let mut m = Fake::gen4();
+        let mut m = gen4();
         m.link(&format!("{VF1}/driver"), "/sys/bus/pci/drivers/4xxxvf")
             .file("/sys/bus/pci/drivers/4xxxvf/bind", "");
         let s = scan(&m, &cfg());
@@ -599,9 +491,9 @@ mod tests {
 
     #[test]
     fn missing_nodes_and_groups_leave_the_vf_out() {
-        let mut m = Fake::gen4();
-        m.chars.retain(|c| c != "/dev/vfio/22");
-        m.links.remove(&format!("{VF1}/iommu_group"));
+        let mut m = gen4();
+        m.remove("/dev/vfio/22")
+            .remove(&format!("{VF1}/iommu_group"));
         let s = scan(&m, &cfg());
         assert!(s.tree.iter().all(|g| g.devices.is_empty()));
         assert_eq!(s.notes.len(), 2, "{:?}", s.notes);
@@ -611,9 +503,9 @@ mod tests {
 
     #[test]
     fn noiommu_groups_and_max_devices() {
-        let mut m = Fake::gen4();
+        let mut m = gen4();
         m.file("/sys/kernel/iommu_groups/21/name", "vfio-noiommu\n");
-        m.chars.push("/dev/vfio/noiommu-21".into());
+        m.char_dev("/dev/vfio/noiommu-21", 240, 1);
         let c = Config {
             max_devices: 1,
             ..cfg()
@@ -628,22 +520,15 @@ mod tests {
 
     #[test]
     fn vm_fallback_by_device_id_and_enabled_driver() {
-        let mut m = Fake::default();
+        let mut m = FakeFs::new();
         let (a, b) = (
             "/sys/devices/pci0000:00/0000:00:05.0",
             "/sys/devices/pci0000:00/0000:00:06.0",
         );
-        m.glob_result(
-            "/sys/bus/pci/devices/????:??:??.?",
-            &[
-                "/sys/bus/pci/devices/0000:00:05.0",
-                "/sys/bus/pci/devices/0000:00:06.0",
-            ],
-        )
-        .link("/sys/bus/pci/devices/0000:00:05.0", a)
-        .link("/sys/bus/pci/devices/0000:00:06.0", b)
-        .file(&format!("{a}/device"), "0x4941\n")
-        .file(&format!("{b}/device"), "0x37c9\n");
+        m.link("/sys/bus/pci/devices/0000:00:05.0", a)
+            .link("/sys/bus/pci/devices/0000:00:06.0", b)
+            .file(&format!("{a}/device"), "0x4941\n")
+            .file(&format!("{b}/device"), "0x37c9\n");
         let c = cfg();
         assert_eq!(vf_dirs(&m, &c), [a]);
         let c = Config {
@@ -655,14 +540,11 @@ mod tests {
 
     #[test]
     fn igb_uio_gives_the_uio_node_and_a_writable_mount() {
-        let mut m = Fake::gen4();
+        let mut m = gen4();
         m.link(&format!("{VF1}/driver"), "/sys/bus/pci/drivers/igb_uio")
             .file("/sys/bus/pci/drivers/igb_uio/bind", "");
-        m.dirs.insert(
-            "/sys/bus/pci/devices/0000:6b:00.1/uio".into(),
-            vec!["uio3".into()],
-        );
-        m.chars.push("/dev/uio3".into());
+        m.dir(&format!("{VF1}/uio/uio3"))
+            .char_dev("/dev/uio3", 239, 3);
         let c = Config {
             dpdk_driver: DpdkDriver::IgbUio,
             ..cfg()

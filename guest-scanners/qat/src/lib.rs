@@ -53,36 +53,11 @@ pub mod config;
 pub mod discover;
 
 use wdp_guest::{
-    ContainerAllocateRequest, ContainerAllocateResponse, devfs, envs, health::Vanished,
-    notes::Notes, sysfs,
+    ContainerAllocateRequest, ContainerAllocateResponse, envs, health::Vanished, hostfs::Host,
+    notes::Notes,
 };
 
 use crate::config::Config;
-use crate::discover::{Machine, ReadError};
-
-/// The guest's view of the machine: /sys through std::fs, /dev through devfs.
-struct Guest;
-
-impl Machine for Guest {
-    fn glob(&self, pattern: &str) -> Vec<String> {
-        sysfs::glob_paths(pattern)
-    }
-    fn resolve(&self, path: &str) -> Option<String> {
-        sysfs::resolve(path)
-    }
-    fn read(&self, path: &str) -> Result<String, ReadError> {
-        std::fs::read_to_string(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => ReadError::Missing,
-            _ => ReadError::Unreadable(e.to_string()),
-        })
-    }
-    fn list_dir(&self, path: &str) -> Vec<String> {
-        sysfs::list_dir(path)
-    }
-    fn is_char_device(&self, path: &str) -> bool {
-        devfs::exists_char_device(path)
-    }
-}
 
 struct Qat;
 
@@ -92,7 +67,7 @@ impl wdp_guest::Scanner for Qat {
         let mut vanished = Vanished::new();
         let mut notes = Notes::new();
         wdp_guest::run(|| {
-            let scan = discover::scan(&Guest, &cfg);
+            let scan = discover::scan(&Host, &cfg);
             notes.print(scan.notes);
             Ok(vanished.mark_moving(scan.tree, |_, id| id.to_string()))
         })
@@ -105,13 +80,7 @@ impl wdp_guest::PostAllocator for Qat {
         _requests: Vec<ContainerAllocateRequest>,
         responses: Vec<ContainerAllocateResponse>,
     ) -> Result<Vec<ContainerAllocateResponse>, String> {
-        Ok(responses
-            .into_iter()
-            .map(|mut r| {
-                r.envs = envs::renumber(std::mem::take(&mut r.envs), discover::ENV_PREFIX);
-                r
-            })
-            .collect())
+        Ok(envs::renumber_responses(responses, discover::ENV_PREFIX))
     }
 }
 

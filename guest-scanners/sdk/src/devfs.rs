@@ -7,6 +7,7 @@
 //! absolute guest paths under `/dev`.
 
 use crate::bindings::scanner::wdp::device_plugin::devfs as raw;
+use crate::hostfs::{HostFs, ReadError};
 use crate::pathglob::{self, DirSource};
 
 pub use crate::pathglob::Match;
@@ -50,6 +51,18 @@ impl DirSource for Devfs {
     }
     fn stat(&self, path: &str) -> Result<Node, String> {
         raw::stat(path)
+    }
+}
+
+impl HostFs for Devfs {
+    fn read_link(&self, path: &str) -> Result<String, String> {
+        raw::read_link(path)
+    }
+    /// Always an error: devfs describes nodes, it never opens them.
+    fn read(&self, path: &str) -> Result<String, ReadError> {
+        Err(ReadError::Unreadable(format!(
+            "{path}: devfs gives metadata only, never contents"
+        )))
     }
 }
 

@@ -7,6 +7,8 @@
 //! across all container responses (so a second container also receives the first one's envs);
 //! [`renumber`] is the deterministic, per-container version both scanners use.
 
+use crate::ContainerAllocateResponse;
+
 /// Splits `key` into `prefix` and its decimal number: `QAT12` with prefix `QAT` gives 12. None
 /// when `key` does not start with `prefix` followed by at least one digit and only digits, or
 /// when the number does not fit in a u64.
@@ -37,6 +39,21 @@ pub fn renumber(mut envs: Vec<(String, String)>, prefix: &str) -> Vec<(String, S
         envs[i].0 = format!("{prefix}{rank}");
     }
     envs
+}
+
+/// [`renumber`] applied to each container's response on its own: the whole of a
+/// post-allocator whose only rewrite is the numbered envs (QAT's and VFIO's).
+pub fn renumber_responses(
+    responses: Vec<ContainerAllocateResponse>,
+    prefix: &str,
+) -> Vec<ContainerAllocateResponse> {
+    responses
+        .into_iter()
+        .map(|mut r| {
+            r.envs = renumber(std::mem::take(&mut r.envs), prefix);
+            r
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub struct Vanished {
 }
 
 impl Vanished {
+    /// Nothing seen yet: keep one across the scans of a scanner's loop.
     pub fn new() -> Self {
         Self::default()
     }

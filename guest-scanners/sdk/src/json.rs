@@ -11,11 +11,15 @@ use std::fmt;
 /// A parsed JSON value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
+    /// `null`.
     Null,
+    /// `true` or `false`.
     Bool(bool),
     /// The number as written in the source (validated JSON number syntax).
     Number(String),
+    /// A string, its escapes decoded.
     String(String),
+    /// A list, in source order.
     Array(Vec<Value>),
     /// Members in source order (duplicate keys are refused by [`parse`]).
     Object(Vec<(String, Value)>),
@@ -26,6 +30,7 @@ pub enum Value {
 pub struct ParseError {
     /// byte offset into the text
     pub offset: usize,
+    /// What is wrong there, e.g. "expected ',' or ']'".
     pub message: String,
 }
 
@@ -68,6 +73,8 @@ impl Value {
         }
     }
 
+    /// The value as a string, if it is one (a configuration reader then says what it expected
+    /// when it is not, see [`Value::kind`]).
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::String(s) => Some(s),
@@ -75,6 +82,7 @@ impl Value {
         }
     }
 
+    /// The value as a boolean, if it is one.
     pub fn as_bool(&self) -> Option<bool> {
         match self {
             Value::Bool(b) => Some(*b),
@@ -91,6 +99,7 @@ impl Value {
         }
     }
 
+    /// The items, if the value is a list.
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {
             Value::Array(a) => Some(a),
@@ -98,6 +107,7 @@ impl Value {
         }
     }
 
+    /// The members in source order, if the value is an object.
     pub fn as_object(&self) -> Option<&[(String, Value)]> {
         match self {
             Value::Object(o) => Some(o),

@@ -8,6 +8,19 @@
 
 use std::collections::BTreeSet;
 
+use crate::DeviceTree;
+
+/// One scan's tree and a note for each device it left out or described with a fallback: what
+/// a scan function that can meet broken devices returns, so that its tests see the notes and
+/// its loop prints them through [`Notes`] before handing the tree on.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Scanned {
+    /// The devices found.
+    pub tree: DeviceTree,
+    /// What was wrong, one line a device, in scan order.
+    pub notes: Vec<String>,
+}
+
 /// The notes of the last scan.
 #[derive(Debug, Default, Clone)]
 pub struct Notes {
@@ -15,6 +28,7 @@ pub struct Notes {
 }
 
 impl Notes {
+    /// No note printed yet: keep one across the scans of a scanner's loop.
     pub fn new() -> Self {
         Self::default()
     }

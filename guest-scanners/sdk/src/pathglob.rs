@@ -26,6 +26,8 @@ pub trait DirSource {
 pub struct Match {
     /// absolute path, e.g. "/dev/ttyUSB0"
     pub path: String,
+    /// What the source said of it: from the directory listing, or a stat for a literal final
+    /// component.
     pub node: Node,
 }
 
@@ -120,60 +122,14 @@ pub fn node(name: &str, kind: NodeKind) -> Node {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-
-    /// An in-memory tree: path -> kind; directories are implied by their children.
-    pub(crate) struct FakeFs(pub BTreeMap<String, NodeKind>);
-
-    impl FakeFs {
-        pub(crate) fn new(entries: &[(&str, NodeKind)]) -> Self {
-            let mut m = BTreeMap::new();
-            for (p, k) in entries {
-                let mut acc = String::new();
-                let comps: Vec<&str> = p.split('/').filter(|c| !c.is_empty()).collect();
-                for c in &comps[..comps.len() - 1] {
-                    acc = format!("{acc}/{c}");
-                    m.insert(acc.clone(), NodeKind::Directory);
-                }
-                m.insert(p.to_string(), *k);
-            }
-            FakeFs(m)
-        }
-    }
-
-    impl DirSource for FakeFs {
-        fn list(&self, dir: &str) -> Result<Vec<Node>, String> {
-            if dir != "/" && self.0.get(dir) != Some(&NodeKind::Directory) {
-                return Err(format!("{dir}: not a directory"));
-            }
-            let prefix = if dir == "/" {
-                "/".to_string()
-            } else {
-                format!("{dir}/")
-            };
-            Ok(self
-                .0
-                .iter()
-                .filter_map(|(p, k)| {
-                    let rest = p.strip_prefix(&prefix)?;
-                    (!rest.contains('/')).then(|| node(rest, *k))
-                })
-                .collect())
-        }
-        fn stat(&self, path: &str) -> Result<Node, String> {
-            let name = path.rsplit('/').next().unwrap_or("");
-            self.0
-                .get(path)
-                .map(|k| node(name, *k))
-                .ok_or_else(|| format!("{path}: not found"))
-        }
-    }
+    use crate::hostfs::FakeFs;
 
     fn fixture() -> FakeFs {
         use NodeKind::*;
-        FakeFs::new(&[
+        let mut fs = FakeFs::new();
+        for (path, kind) in [
             ("/dev/ttyUSB0", CharDevice),
             ("/dev/ttyUSB1", CharDevice),
             ("/dev/ttyUSB10", CharDevice),
@@ -186,9 +142,12 @@ pub(crate) mod tests {
             ("/dev/bus/usb/001/004", CharDevice),
             ("/dev/bus/usb/002/001", CharDevice),
             ("/dev/bus/usb/notes", File),
-            ("/dev/serial/by-id/usb-FTDI_x-if00", Symlink),
             ("/dev/kvm", CharDevice),
-        ])
+        ] {
+            fs.node(path, kind);
+        }
+        fs.link("/dev/serial/by-id/usb-FTDI_x-if00", "../../ttyUSB0");
+        fs
     }
 
     fn paths(v: Vec<Match>) -> Vec<String> {

@@ -34,6 +34,7 @@ pub struct ChangeFilter {
 }
 
 impl ChangeFilter {
+    /// No tree notified yet, so the first one counts as a change.
     pub fn new() -> Self {
         Self::default()
     }

@@ -7,6 +7,7 @@
 //! since devices come and go between scans.
 
 use crate::devfs::{Node, NodeKind};
+use crate::hostfs::{HostFs, ReadError};
 use crate::pathglob::{self, DirSource, Match};
 use std::fs;
 use std::path::Path;
@@ -25,57 +26,14 @@ pub fn read_link_name(path: impl AsRef<Path>) -> Option<String> {
     Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
-/// The most symlinks [`resolve`] follows before giving up (Linux's own limit).
-const MAX_LINK_HOPS: usize = 40;
-
 /// The canonical path of `path` under /sys, following every symlink on the way (`realpath`);
 /// None when a component is missing or a link leaves /sys.
 ///
 /// Why: Intel's plugins identify devices by resolved sysfs paths (the PCI address of a DRM
 /// card, a VF's physical function, an IOMMU group's number), and `std::fs::canonicalize` is not
-/// available to a WASI guest. sysfs links are relative, so resolving them lexically, one
-/// component at a time, gives the same answer as the kernel.
+/// available to a WASI guest: this is [`crate::hostfs::realpath`] over `std::fs`.
 pub fn resolve(path: impl AsRef<Path>) -> Option<String> {
-    let resolved = walk(path.as_ref().to_str()?)?;
-    (resolved == "/sys" || resolved.starts_with("/sys/")).then_some(resolved)
-}
-
-/// `realpath` by reading one link at a time; None for a missing component or a link loop.
-fn walk(path: &str) -> Option<String> {
-    let mut pending: Vec<String> = path.split('/').rev().map(str::to_string).collect();
-    let mut done: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(part) = pending.pop() {
-        match part.as_str() {
-            "" | "." => continue,
-            ".." => {
-                done.pop();
-                continue;
-            }
-            _ => {}
-        }
-        let here = if done.is_empty() {
-            format!("/{part}")
-        } else {
-            format!("/{}/{part}", done.join("/"))
-        };
-        let md = fs::symlink_metadata(&here).ok()?;
-        if !md.file_type().is_symlink() {
-            done.push(part);
-            continue;
-        }
-        hops += 1;
-        if hops > MAX_LINK_HOPS {
-            return None;
-        }
-        let target = fs::read_link(&here).ok()?;
-        let target = target.to_str()?;
-        if target.starts_with('/') {
-            done.clear();
-        }
-        pending.extend(target.split('/').rev().map(str::to_string));
-    }
-    Some(format!("/{}", done.join("/")))
+    StdFs.resolve_sys(path.as_ref().to_str()?)
 }
 
 /// The last component of [`resolve`]`(path)`: e.g. the IOMMU group number behind
@@ -133,6 +91,22 @@ impl DirSource for StdFs {
         let md = fs::symlink_metadata(path).map_err(|e| format!("{path}: {e}"))?;
         let name = path.rsplit('/').next().unwrap_or("");
         Ok(pathglob::node(name, kind_of(md.file_type())))
+    }
+}
+
+impl HostFs for StdFs {
+    fn read_link(&self, path: &str) -> Result<String, String> {
+        let target = fs::read_link(path).map_err(|e| format!("{path}: {e}"))?;
+        target
+            .to_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("{path}: the link's target is not UTF-8"))
+    }
+    fn read(&self, path: &str) -> Result<String, ReadError> {
+        fs::read_to_string(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ReadError::Missing,
+            _ => ReadError::Unreadable(e.to_string()),
+        })
     }
 }
 
@@ -206,7 +180,7 @@ mod tests {
             .unwrap();
         std::os::unix::fs::symlink("loop", dir.join("loop")).unwrap();
         let base = dir.display().to_string();
-        let walk = |rel: &str| walk(&format!("{base}/{rel}"));
+        let walk = |rel: &str| StdFs.realpath(&format!("{base}/{rel}"));
         assert_eq!(
             walk("class/drm/card0/.."),
             Some(format!("{base}/devices/pci0000:00/0000:00:02.0/drm"))

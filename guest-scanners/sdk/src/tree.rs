@@ -109,6 +109,7 @@ pub struct TreeBuilder {
 }
 
 impl TreeBuilder {
+    /// An empty tree: one per scan.
     pub fn new() -> Self {
         Self::default()
     }
@@ -188,6 +189,18 @@ pub fn slot_ids(base: &str, count: u32) -> Vec<String> {
     (0..count).map(|i| format!("{base}-{i}")).collect()
 }
 
+/// Every device of `tree` as `<type>/<id>`, in tree order. Why: what kubelet sees of a tree is
+/// its resources and their device ids, so a scanner's tests compare a scan with this list.
+pub fn type_ids(tree: &[DeviceGroup]) -> Vec<String> {
+    tree.iter()
+        .flat_map(|g| {
+            g.devices
+                .iter()
+                .map(move |d| format!("{}/{}", g.dev_type, d.id))
+        })
+        .collect()
+}
+
 /// Makes `s` a conservative device id: ASCII letters, digits, `.`, `_` and `-` are kept, every
 /// other character becomes `_` (an empty string becomes `_`).
 pub fn sanitize_id(s: &str) -> String {
@@ -218,6 +231,15 @@ pub fn id_from_path(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dev_types_are_kubelet_resource_names() {
+        assert!(is_dev_type("serial") && is_dev_type("a.b-c_d9") && is_dev_type(&"a".repeat(63)));
+        for bad in ["", "-a", "a-", "a/b", "a b"] {
+            assert!(!is_dev_type(bad), "{bad:?}");
+        }
+        assert!(!is_dev_type(&"a".repeat(64)));
+    }
 
     #[test]
     fn device_info_builder() {
@@ -270,8 +292,10 @@ mod tests {
         });
         assert!(!t.add("a", "y", DeviceInfo::new()), "pushed id is known");
         assert!(t.add("a", "z", DeviceInfo::new()));
-        let ids: Vec<String> = t.build()[0].devices.iter().map(|d| d.id.clone()).collect();
+        let tree = t.build();
+        let ids: Vec<String> = tree[0].devices.iter().map(|d| d.id.clone()).collect();
         assert_eq!(ids, ["x", "y", "z"]);
+        assert_eq!(type_ids(&tree), ["a/x", "a/y", "a/z"]);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! place keeps those scanners agreeing on which devices exist. The parsing is a plain function
 //! ([`parse_device`]) so it can be tested off wasm.
 
-use crate::sysfs;
+use crate::hostfs::HostFs;
+use crate::sysfs::StdFs;
 
 /// Where the kernel lists every USB device and interface by its sysfs name.
 pub const DEVICES_DIR: &str = "/sys/bus/usb/devices";
@@ -59,12 +60,34 @@ pub fn parse_device(
     })
 }
 
+/// A USB vendor or product id as people write it: 1 to 4 hex digits, optionally `0x`-prefixed,
+/// surrounding blanks ignored (`"1050"`, `"0x0407"`). Why: scanners that select USB devices by
+/// id from their configuration (`generic`'s usb groups, `usb`'s selectors) should accept the
+/// same spellings.
+pub fn parse_id(s: &str) -> Option<u16> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if s.is_empty() || s.len() > 4 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    u16::from_str_radix(s, 16).ok()
+}
+
 /// Every attached USB device, in sysfs name order.
 pub fn list() -> Vec<UsbDevice> {
-    sysfs::list_dir(DEVICES_DIR)
+    list_in(&StdFs)
+}
+
+/// Every attached USB device `fs` shows, in sysfs name order: [`list`] over any [`HostFs`], so a
+/// scanner's unit tests can plug devices into a [`crate::hostfs::FakeFs`].
+pub fn list_in(fs: &impl HostFs) -> Vec<UsbDevice> {
+    fs.names(DEVICES_DIR)
         .into_iter()
         .filter_map(|name| {
-            let attr = |a: &str| sysfs::read_attr(format!("{DEVICES_DIR}/{name}/{a}"));
+            let attr = |a: &str| fs.read_attr(&format!("{DEVICES_DIR}/{name}/{a}"));
             parse_device(
                 &name,
                 attr("idVendor").as_deref(),
@@ -80,6 +103,16 @@ pub fn list() -> Vec<UsbDevice> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_as_configured() {
+        assert_eq!(parse_id("1050"), Some(0x1050));
+        assert_eq!(parse_id(" 0x0407\n"), Some(0x0407));
+        assert_eq!(parse_id("0XaB"), Some(0xab));
+        for bad in ["", "0x", "12345", "xyz", "-1", "+1"] {
+            assert_eq!(parse_id(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn sysfs_attributes() {

@@ -97,18 +97,6 @@ pub fn parse_type(value: Option<&str>) -> Result<String, String> {
     }
 }
 
-fn parse_hex_id(s: &str) -> Option<u16> {
-    let s = s.trim();
-    let s = s
-        .strip_prefix("0x")
-        .or_else(|| s.strip_prefix("0X"))
-        .unwrap_or(s);
-    if s.is_empty() || s.len() > 4 || !s.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
-    }
-    u16::from_str_radix(s, 16).ok()
-}
-
 /// Reads `USB_DEVICES` (None: unset); selectors without `type=` get `default_type`. Every error
 /// names the variable, the whole value, the offending selector and the valid form.
 pub fn parse_selectors(value: Option<&str>, default_type: &str) -> Result<Vec<Selector>, String> {
@@ -155,7 +143,7 @@ pub fn parse_selectors(value: Option<&str>, default_type: &str) -> Result<Vec<Se
                 i + 1
             )));
         };
-        let (Some(vendor), Some(product)) = (parse_hex_id(v), parse_hex_id(p)) else {
+        let (Some(vendor), Some(product)) = (usb::parse_id(v), usb::parse_id(p)) else {
             return Err(bad(format!(
                 "selector {} {item:?} has an id that is not 1 to 4 hex digits",
                 i + 1

@@ -40,8 +40,10 @@ use std::collections::BTreeSet;
 use wdp_guest::tree::is_dev_type;
 
 use wdp_guest::{
-    ContainerAllocateRequest, ContainerAllocateResponse, DeviceInfo, DeviceTree, TreeBuilder,
-    config, devfs, envs, health::Vanished, notes::Notes, sysfs,
+    ContainerAllocateRequest, ContainerAllocateResponse, DeviceInfo, TreeBuilder, config, envs,
+    health::Vanished,
+    hostfs::{Host, HostFs},
+    notes::{Notes, Scanned},
 };
 
 /// The PCI device ids to serve.
@@ -116,28 +118,9 @@ pub fn parse_device_ids(value: Option<&str>) -> Result<BTreeSet<String>, String>
     Ok(ids)
 }
 
-/// What discovery needs from the machine: /sys through std::fs and /dev through devfs in the
-/// guest, a fake in unit tests.
-pub trait Machine {
-    /// Sorted paths under /sys matching a glob.
-    fn glob(&self, pattern: &str) -> Vec<String>;
-    /// The last component of `realpath(path)` inside /sys; None when it does not resolve.
-    fn resolve_name(&self, path: &str) -> Option<String>;
-    /// A sysfs attribute, trimmed; None when unreadable.
-    fn read_attr(&self, path: &str) -> Option<String>;
-    /// True when `path` under /dev is a character device.
-    fn is_char_device(&self, path: &str) -> bool;
-}
-
-/// One scan's tree, and a message for each matching function left out.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Scan {
-    pub tree: DeviceTree,
-    pub notes: Vec<String>,
-}
-
-/// One scan over `m` (upstream's `scan`, see the crate documentation for the differences).
-pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
+/// One scan of the machine `m` shows (upstream's `scan`, see the crate documentation for the
+/// differences).
+pub fn scan(m: &impl HostFs, cfg: &Config) -> Scanned {
     let mut tree = TreeBuilder::new();
     let mut notes = Vec::new();
     let mut n = 0;
@@ -183,27 +166,9 @@ pub fn scan(m: &impl Machine, cfg: &Config) -> Scan {
             .env(format!("{ENV_PREFIX}{n}"), bdf);
         tree.add(&cfg.dev_type, bdf, info);
     }
-    Scan {
+    Scanned {
         tree: tree.build(),
         notes,
-    }
-}
-
-/// The guest's view of the machine.
-struct Guest;
-
-impl Machine for Guest {
-    fn glob(&self, pattern: &str) -> Vec<String> {
-        sysfs::glob_paths(pattern)
-    }
-    fn resolve_name(&self, path: &str) -> Option<String> {
-        sysfs::resolve_name(path)
-    }
-    fn read_attr(&self, path: &str) -> Option<String> {
-        sysfs::read_attr(path)
-    }
-    fn is_char_device(&self, path: &str) -> bool {
-        devfs::exists_char_device(path)
     }
 }
 
@@ -215,7 +180,7 @@ impl wdp_guest::Scanner for Vfio {
         let mut vanished = Vanished::new();
         let mut notes = Notes::new();
         wdp_guest::run(|| {
-            let scan = scan(&Guest, &cfg);
+            let scan = scan(&Host, &cfg);
             notes.print(scan.notes);
             Ok(vanished.mark(scan.tree))
         })
@@ -228,13 +193,7 @@ impl wdp_guest::PostAllocator for Vfio {
         _requests: Vec<ContainerAllocateRequest>,
         responses: Vec<ContainerAllocateResponse>,
     ) -> Result<Vec<ContainerAllocateResponse>, String> {
-        Ok(responses
-            .into_iter()
-            .map(|mut r| {
-                r.envs = envs::renumber(std::mem::take(&mut r.envs), ENV_PREFIX);
-                r
-            })
-            .collect())
+        Ok(envs::renumber_responses(responses, ENV_PREFIX))
     }
 }
 
@@ -243,45 +202,37 @@ wdp_guest::export_device_plugin!(Vfio);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use wdp_guest::hostfs::FakeFs;
 
-    #[derive(Default)]
-    struct Fake {
-        devices: Vec<String>,
-        attrs: BTreeMap<String, String>,
-        links: BTreeMap<String, String>,
-        chars: Vec<String>,
+    /// Adds PCI function `bdf` with device id `id`, bound to `driver`, in IOMMU group `group`
+    /// (whose /dev/vfio node exists), laid out as sysfs does: `/sys/bus/pci/devices/<bdf>` links
+    /// into `/sys/devices`, whose `driver` and `iommu_group` link back up relatively.
+    fn function(fs: &mut FakeFs, bdf: &str, id: &str, driver: Option<&str>, group: Option<&str>) {
+        let dir = format!("/sys/devices/pci0000:00/{bdf}");
+        fs.file(&format!("{dir}/device"), &format!("{id}\n")).link(
+            &format!("/sys/bus/pci/devices/{bdf}"),
+            &format!("../../../devices/pci0000:00/{bdf}"),
+        );
+        if let Some(d) = driver {
+            fs.dir(&format!("/sys/bus/pci/drivers/{d}")).link(
+                &format!("{dir}/driver"),
+                &format!("../../../bus/pci/drivers/{d}"),
+            );
+        }
+        if let Some(g) = group {
+            fs.dir(&format!("/sys/kernel/iommu_groups/{g}"))
+                .link(
+                    &format!("{dir}/iommu_group"),
+                    &format!("../../../kernel/iommu_groups/{g}"),
+                )
+                .char_dev(&format!("/dev/vfio/{g}"), 240, 0);
+        }
     }
 
-    impl Machine for Fake {
-        fn glob(&self, pattern: &str) -> Vec<String> {
-            assert_eq!(pattern, "/sys/bus/pci/devices/????:??:??.?");
-            self.devices.clone()
-        }
-        fn resolve_name(&self, path: &str) -> Option<String> {
-            self.links.get(path).cloned()
-        }
-        fn read_attr(&self, path: &str) -> Option<String> {
-            self.attrs.get(path).cloned()
-        }
-        fn is_char_device(&self, path: &str) -> bool {
-            self.chars.iter().any(|c| c == path)
-        }
-    }
-
-    impl Fake {
-        fn function(&mut self, bdf: &str, id: &str, driver: Option<&str>, group: Option<&str>) {
-            let dir = format!("/sys/bus/pci/devices/{bdf}");
-            self.attrs.insert(format!("{dir}/device"), id.into());
-            if let Some(d) = driver {
-                self.links.insert(format!("{dir}/driver"), d.into());
-            }
-            if let Some(g) = group {
-                self.links.insert(format!("{dir}/iommu_group"), g.into());
-                self.chars.push(format!("/dev/vfio/{g}"));
-            }
-            self.devices.push(dir);
-        }
+    fn with_control() -> FakeFs {
+        let mut fs = FakeFs::new();
+        fs.char_dev(VFIO_CONTROL, 10, 196);
+        fs
     }
 
     fn dsa() -> Config {
@@ -289,7 +240,7 @@ mod tests {
             .unwrap()
     }
 
-    fn summary(s: &Scan) -> Vec<String> {
+    fn summary(s: &Scanned) -> Vec<String> {
         s.tree
             .iter()
             .flat_map(|g| {
@@ -344,13 +295,30 @@ mod tests {
 
     #[test]
     fn matching_vfio_functions_numbered_from_one() {
-        let mut m = Fake::default();
-        m.chars.push(VFIO_CONTROL.into());
-        m.function("0000:6a:01.0", "0x0b25", Some("vfio-pci"), Some("12"));
-        m.function("0000:6a:02.0", "0x0b26", Some("vfio-pci"), Some("13"));
-        m.function("0000:6f:01.0", "0x0b25", Some("idxd"), Some("14"));
-        m.function("0000:74:01.0", "0x0B25", Some("vfio-pci"), Some("15"));
-        m.function("0000:79:01.0", "0x0b25", None, None);
+        let mut m = with_control();
+        function(
+            &mut m,
+            "0000:6a:01.0",
+            "0x0b25",
+            Some("vfio-pci"),
+            Some("12"),
+        );
+        function(
+            &mut m,
+            "0000:6a:02.0",
+            "0x0b26",
+            Some("vfio-pci"),
+            Some("13"),
+        );
+        function(&mut m, "0000:6f:01.0", "0x0b25", Some("idxd"), Some("14"));
+        function(
+            &mut m,
+            "0000:74:01.0",
+            "0x0B25",
+            Some("vfio-pci"),
+            Some("15"),
+        );
+        function(&mut m, "0000:79:01.0", "0x0b25", None, None);
         let s = scan(&m, &dsa());
         assert_eq!(
             summary(&s),
@@ -370,12 +338,23 @@ mod tests {
 
     #[test]
     fn missing_group_or_node_leaves_the_function_out_but_keeps_numbers() {
-        let mut m = Fake::default();
-        m.chars.push(VFIO_CONTROL.into());
-        m.function("0000:6a:01.0", "0x0b25", Some("vfio-pci"), None);
-        m.function("0000:6f:01.0", "0x0b25", Some("vfio-pci"), Some("14"));
-        m.function("0000:74:01.0", "0x0b25", Some("vfio-pci"), Some("15"));
-        m.chars.retain(|c| c != "/dev/vfio/14");
+        let mut m = with_control();
+        function(&mut m, "0000:6a:01.0", "0x0b25", Some("vfio-pci"), None);
+        function(
+            &mut m,
+            "0000:6f:01.0",
+            "0x0b25",
+            Some("vfio-pci"),
+            Some("14"),
+        );
+        function(
+            &mut m,
+            "0000:74:01.0",
+            "0x0b25",
+            Some("vfio-pci"),
+            Some("15"),
+        );
+        m.remove("/dev/vfio/14");
         let s = scan(&m, &dsa());
         assert_eq!(
             summary(&s),
@@ -384,7 +363,7 @@ mod tests {
         assert_eq!(s.notes.len(), 2);
         assert!(s.notes[0].contains("no IOMMU group"));
         assert!(s.notes[1].contains("/dev/vfio/14 is not a character device"));
-        m.chars.clear();
+        m.remove("/dev/vfio");
         let s = scan(&m, &dsa());
         assert!(s.tree.iter().all(|g| g.devices.is_empty()));
         assert!(s.notes[2].contains("/dev/vfio/15 is not a character device"));

@@ -22,10 +22,9 @@ mod discover;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use discover::Machine;
 use wdp_guest::devfs::{Node, NodeKind};
-use wdp_guest::pathglob::{self, DirSource};
-use wdp_guest::usb::UsbDevice;
+use wdp_guest::hostfs::{HostFs, ReadError};
+use wdp_guest::pathglob::DirSource;
 
 /// /dev and /sys of a fixture through std::fs, guest paths mapped onto the roots.
 struct StdFs {
@@ -126,22 +125,24 @@ impl DirSource for StdFs {
     }
 }
 
-impl Machine for StdFs {
-    /// What the guest's `Machine::glob` does: the SDK's glob walker.
-    fn glob(&self, pattern: &str) -> Vec<String> {
-        pathglob::glob_with(self, pattern)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.path)
-            .collect()
+impl HostFs for StdFs {
+    fn read_link(&self, path: &str) -> Result<String, String> {
+        let target =
+            std::fs::read_link(self.host_path(path)).map_err(|e| format!("{path}: {e}"))?;
+        Ok(target.to_string_lossy().into_owned())
     }
 
-    fn usb_devices(&self) -> Vec<UsbDevice> {
-        Vec::new() // the bench matches paths only
-    }
-
-    fn exists(&self, path: &str) -> bool {
-        std::fs::symlink_metadata(self.host_path(path)).is_ok()
+    /// Reads as the guest reads /sys; /dev has no contents for a guest, so none here either.
+    fn read(&self, path: &str) -> Result<String, ReadError> {
+        if path == "/dev" || path.starts_with("/dev/") {
+            return Err(ReadError::Unreadable(format!(
+                "{path}: devfs gives no contents"
+            )));
+        }
+        std::fs::read_to_string(self.host_path(path)).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ReadError::Missing,
+            _ => ReadError::Unreadable(e.to_string()),
+        })
     }
 }
 

@@ -12,13 +12,11 @@
 pub mod config;
 #[path = "../../../generic/src/discover.rs"]
 pub mod discover;
-#[path = "../../../generic/src/machine.rs"]
-pub mod machine;
 
 use std::time::Duration;
 
-use machine::Guest;
 use wdp_guest::DeviceTree;
+use wdp_guest::hostfs::Host;
 
 /// The environment variable with the sleep between scans, in milliseconds.
 pub const POLL_INTERVAL_ENV: &str = "POLL_INTERVAL_MS";
@@ -35,7 +33,7 @@ impl wdp_guest::Scanner for Poller {
             wdp_guest::config::env_u32(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL_MS, 1..=u32::MAX)?;
         let sleep = Duration::from_millis(interval.into());
         wdp_guest::scan::run_with(
-            || -> Result<DeviceTree, String> { Ok(discover::discover(&types, &Guest)) },
+            || -> Result<DeviceTree, String> { Ok(discover::discover(&types, &Host)) },
             wdp_guest::notify,
             || {
                 std::thread::sleep(sleep);

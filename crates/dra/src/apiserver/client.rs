@@ -1,0 +1,337 @@
+//! A small Kubernetes API client: the handful of REST calls the DRA front-end makes, on the hyper
+//! and rustls already in wdp's tree.
+//!
+//! Why not the `kube` crate: it is the complete client (watchers, reflectors, discovery, config
+//! files, exec auth, its own tower stack). kube 5.0 with only `client`, `rustls-tls` and `ring`
+//! resolves against wdp's Cargo.lock to 27 crates the tree does not have (kube-client, kube-core,
+//! jsonpath-rust and the pest parser generator, a YAML parser, derive_more, tower-http 0.7,
+//! secrecy, psm and stacker with their assembly build, ...), for five REST calls. This client adds
+//! none: hyper, hyper-util, tokio-rustls and rustls-pki-types are already built for tonic and
+//! the OCI client. What a node agent needs from in-cluster configuration is small: the API server at
+//! `KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT`, its CA and a service-account token, both in
+//! `/var/run/secrets/kubernetes.io/serviceaccount`. The token is a projected one that kubelet
+//! rotates, so it is read again for every request. One connection per request: these calls are
+//! rare (a slice change, a claim prepared) and a connection pool is not worth its code.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, StatusCode};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+
+use super::{ApiError, ClaimSource, SliceStore};
+
+/// Where the service-account files are mounted in a pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The resource.k8s.io/v1 ResourceSlice collection.
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+/// How long one call may take, connect to last byte.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client of one API server.
+#[derive(Clone)]
+pub struct ApiClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    host: String,
+    port: u16,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    token: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiClient")
+            .field("host", &self.inner.host)
+            .field("port", &self.inner.port)
+            .field("tls", &self.inner.tls.is_some())
+            .finish()
+    }
+}
+
+impl ApiClient {
+    /// The client a pod uses: the API server from the `KUBERNETES_SERVICE_HOST` and
+    /// `KUBERNETES_SERVICE_PORT` variables, trusted through and authenticated with the files in
+    /// [`SERVICE_ACCOUNT_DIR`].
+    pub fn in_cluster() -> Result<Self, ApiError> {
+        let var = |name: &str| {
+            std::env::var(name).map_err(|_| ApiError::Config(format!("{name} is not set")))
+        };
+        let host = var("KUBERNETES_SERVICE_HOST")?;
+        let port = var("KUBERNETES_SERVICE_PORT")?;
+        let port = port.parse().map_err(|_| {
+            ApiError::Config(format!("KUBERNETES_SERVICE_PORT {port:?} is not a port"))
+        })?;
+        Self::https(&host, port, Path::new(SERVICE_ACCOUNT_DIR))
+    }
+
+    /// A client of `https://host:port`, trusting the CA bundle `<dir>/ca.crt` and sending the
+    /// token `<dir>/token` (read again for every request).
+    pub fn https(host: &str, port: u16, dir: &Path) -> Result<Self, ApiError> {
+        let ca = dir.join("ca.crt");
+        let mut roots = rustls::RootCertStore::empty();
+        let certs = CertificateDer::pem_file_iter(&ca)
+            .map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
+        }
+        if roots.is_empty() {
+            return Err(ApiError::Config(format!(
+                "{} holds no certificate",
+                ca.display()
+            )));
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ApiError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|e| ApiError::Config(format!("server name {host:?}: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                host: host.to_owned(),
+                port,
+                tls: Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name)),
+                token: Some(dir.join("token")),
+            }),
+        })
+    }
+
+    /// A client of `http://addr` without credentials: the stand-in API server of the tests.
+    pub fn http(addr: SocketAddr) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                host: addr.ip().to_string(),
+                port: addr.port(),
+                tls: None,
+                token: None,
+            }),
+        }
+    }
+
+    /// `method path` with a JSON `body`; the status and body of a success (2xx), else the error
+    /// the status means.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Bytes, ApiError> {
+        let call = self.call_once(method, path, body);
+        let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, call)
+            .await
+            .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        Err(match status {
+            StatusCode::NOT_FOUND => ApiError::NotFound(message),
+            StatusCode::CONFLICT => ApiError::Conflict(message),
+            _ => ApiError::Status {
+                code: status.as_u16(),
+                message,
+            },
+        })
+    }
+
+    async fn call_once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), ApiError> {
+        let inner = &self.inner;
+        let authority = if inner.host.contains(':') {
+            format!("[{}]:{}", inner.host, inner.port)
+        } else {
+            format!("{}:{}", inner.host, inner.port)
+        };
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, &authority)
+            .header(hyper::header::ACCEPT, "application/json");
+        if let Some(token) = &inner.token {
+            let token = std::fs::read_to_string(token)
+                .map_err(|e| ApiError::Config(format!("{}: {e}", token.display())))?;
+            request = request.header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", token.trim()),
+            );
+        }
+        if body.is_some() {
+            request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ApiError::Transport(e.to_string()))?;
+        let tcp = TcpStream::connect((inner.host.as_str(), inner.port))
+            .await
+            .map_err(|e| ApiError::Transport(format!("connect {authority}: {e}")))?;
+        match &inner.tls {
+            Some((connector, name)) => {
+                let tls = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| ApiError::Transport(format!("TLS to {authority}: {e}")))?;
+                send(TokioIo::new(tls), request).await
+            }
+            None => send(TokioIo::new(tcp), request).await,
+        }
+    }
+
+    /// Deletes every slice of `driver` on `node` in one call (DeleteCollection): what a driver
+    /// removed from the node does to leave nothing behind.
+    pub async fn delete_all_slices(&self, node: &str, driver: &str) -> Result<(), ApiError> {
+        self.call(Method::DELETE, &slice_selector(node, driver), None)
+            .await
+            .map(drop)
+    }
+}
+
+/// The slice collection filtered to `node` and `driver`.
+fn slice_selector(node: &str, driver: &str) -> String {
+    format!(
+        "{SLICES}?fieldSelector={}",
+        percent_encode(&format!("spec.nodeName={node},spec.driver={driver}"))
+    )
+}
+
+/// `s` with everything but unreserved URL characters percent-encoded.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+async fn send<I>(
+    io: I,
+    request: hyper::Request<Full<Bytes>>,
+) -> Result<(StatusCode, Bytes), ApiError>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| ApiError::Transport(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "API server connection ended");
+        }
+    });
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| ApiError::Transport(e.to_string()))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| ApiError::Transport(e.to_string()))?
+        .to_bytes();
+    Ok((status, body))
+}
+
+impl ClaimSource for ApiClient {
+    async fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaim>, ApiError> {
+        let path = format!(
+            "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/{}",
+            percent_encode(namespace),
+            percent_encode(name)
+        );
+        match self.call(Method::GET, &path, None).await {
+            Ok(body) => Ok(Some(serde_json::from_slice(&body)?)),
+            Err(ApiError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl SliceStore for ApiClient {
+    async fn list(&self, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, ApiError> {
+        let body = self
+            .call(Method::GET, &slice_selector(node, driver), None)
+            .await?;
+        let list: k8s_openapi::List<ResourceSlice> = serde_json::from_slice(&body)?;
+        Ok(list.items)
+    }
+
+    async fn create(&self, slice: &ResourceSlice) -> Result<ResourceSlice, ApiError> {
+        let body = self
+            .call(Method::POST, SLICES, Some(serde_json::to_vec(slice)?))
+            .await?;
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    async fn update(&self, slice: &ResourceSlice) -> Result<ResourceSlice, ApiError> {
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        let path = format!("{SLICES}/{}", percent_encode(name));
+        let body = self
+            .call(Method::PUT, &path, Some(serde_json::to_vec(slice)?))
+            .await?;
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), ApiError> {
+        let path = format!("{SLICES}/{}", percent_encode(name));
+        self.call(Method::DELETE, &path, None).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_cluster_files_missing_or_empty_are_configuration_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            ApiClient::https("10.0.0.1", 443, dir.path()),
+            Err(ApiError::Config(_))
+        ));
+        std::fs::write(dir.path().join("ca.crt"), "not a certificate\n").unwrap();
+        let err = ApiClient::https("10.0.0.1", 443, dir.path()).unwrap_err();
+        assert!(err.to_string().contains("no certificate"), "{err}");
+    }
+
+    #[test]
+    fn selectors_are_encoded() {
+        assert_eq!(
+            slice_selector("node-1", "gpu.example.com"),
+            "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-1%2Cspec.driver%3Dgpu.example.com"
+        );
+    }
+}

@@ -1,0 +1,922 @@
+//! A stand-in API server for tests: the resource.k8s.io/v1 calls of the DRA front-end, served
+//! over real HTTP on loopback, so tests exercise [`super::client::ApiClient`] itself.
+//!
+//! It keeps the rules of the real API server for these calls:
+//! - objects get a `uid`, a `resourceVersion` from one counter, and `metadata.generation` 1 at
+//!   creation, bumped when an update changes the spec;
+//! - create of a taken name: 409 AlreadyExists; `generateName` gets a suffix;
+//! - update with a stale `resourceVersion`: 409 Conflict (none given: unconditional, as
+//!   ResourceSlices allow); of a missing object: 404; `spec.driver` and `spec.nodeName` are
+//!   immutable (422);
+//! - delete of a missing object: 404; a body's `preconditions` (`uid`, `resourceVersion`) that
+//!   do not hold: 409; DeleteCollection with a field selector;
+//! - list with field selectors `spec.nodeName` and `spec.driver` (anything else: 400);
+//! - every ResourceSlice written is checked with these rules of kubernetes'
+//!   `pkg/apis/resource/validation` (422 Invalid when one fails):
+//!   name a DNS subdomain; `spec.driver` a DNS subdomain of at most 63 bytes; `spec.pool.name`
+//!   non-empty, at most 253 bytes, '/'-separated DNS subdomains; `pool.generation` >= 0 and
+//!   `pool.resourceSliceCount` >= 1; exactly one of `nodeName`, `nodeSelector`, `allNodes`,
+//!   `perDeviceNodeSelection`, and `nodeName` a DNS subdomain; at most 128 devices; device names
+//!   DNS labels, unique in the slice; at most 32 attributes and capacities per device; attribute
+//!   and capacity names qualified names (an optional DNS-subdomain domain of at most 63 bytes,
+//!   '/', a C identifier of at most 32 bytes), unique once the driver's domain is applied to
+//!   unqualified ones; exactly one value per attribute; string and version values at most 64
+//!   bytes, versions semantic versions.
+//!
+//! It serves plain HTTP, or HTTPS with a bearer token that a test can rotate ([`Options`],
+//! [`ApiServerStandIn::set_token`]): a request without the current token gets 401, as from the
+//! real server. A test injects claims ([`ApiServerStandIn::insert_claim`]), wipes slices as
+//! kubelet does ([`ApiServerStandIn::wipe_slices`]) and reads what is stored.
+
+use std::collections::{BTreeMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde_json::json;
+
+use super::client::ApiClient;
+use crate::names::{is_c_identifier, is_dns_label, is_dns_subdomain, is_semver};
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const CLAIMS_PREFIX: &str = "/apis/resource.k8s.io/v1/namespaces/";
+
+/// The stand-in; the server stops when it is dropped.
+pub struct ApiServerStandIn {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How the stand-in serves.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Serve HTTPS with this certificate chain and private key (both PEM).
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// Refuse (401) requests without `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+fn acceptor(cert: &[u8], key: &[u8]) -> std::io::Result<tokio_rustls::TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(std::io::Error::other)?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(std::io::Error::other)?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(std::io::Error::other)?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(std::io::Error::other)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve_io<I>(io: I, state: Arc<Mutex<State>>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |request| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(handle(&state, request).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .await;
+}
+
+#[derive(Default)]
+struct State {
+    token: Option<String>,
+    version: u64,
+    uids: u64,
+    slices: BTreeMap<String, ResourceSlice>,
+    claims: BTreeMap<(String, String), ResourceClaim>,
+    /// Successful create, update and delete calls on slices.
+    writes: u64,
+}
+
+impl State {
+    fn next_version(&mut self) -> String {
+        self.version += 1;
+        self.version.to_string()
+    }
+
+    fn next_uid(&mut self) -> String {
+        self.uids += 1;
+        format!("00000000-0000-4000-8000-{:012x}", self.uids)
+    }
+}
+
+impl Drop for ApiServerStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ApiServerStandIn {
+    /// Serves plain HTTP on a free loopback port, without authentication.
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Serves on a free loopback port as `options` say: HTTPS, a bearer token.
+    pub async fn start_with(options: Options) -> std::io::Result<Self> {
+        let acceptor = match &options.tls {
+            Some((cert, key)) => Some(acceptor(cert, key)?),
+            None => None,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(Mutex::new(State {
+            token: options.token,
+            ..State::default()
+        }));
+        let served = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = served.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    match acceptor {
+                        Some(acceptor) => {
+                            if let Ok(tls) = acceptor.accept(stream).await {
+                                serve_io(TokioIo::new(tls), state).await;
+                            }
+                        }
+                        None => serve_io(TokioIo::new(stream), state).await,
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, state, task })
+    }
+
+    /// From now on, requests must carry `token` (a rotated service-account token).
+    pub fn set_token(&self, token: &str) {
+        lock(&self.state).token = Some(token.to_owned());
+    }
+
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A client of this server.
+    pub fn client(&self) -> ApiClient {
+        ApiClient::http(self.addr)
+    }
+
+    /// Stores `claim` (as the scheduler leaves it, allocation and all): given a UID if it has
+    /// none and a new resourceVersion; it replaces any claim of the same namespace and name.
+    /// Returns the stored claim.
+    pub fn insert_claim(&self, mut claim: ResourceClaim) -> ResourceClaim {
+        let mut state = lock(&self.state);
+        if claim.metadata.uid.is_none() {
+            claim.metadata.uid = Some(state.next_uid());
+        }
+        claim.metadata.resource_version = Some(state.next_version());
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        state.claims.insert(key, claim.clone());
+        claim
+    }
+
+    /// Deletes the claim `namespace/name`.
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        lock(&self.state)
+            .claims
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
+    /// Deletes the slices on `node` (every node: `None`) of `driver` (every driver: `None`), as
+    /// kubelet does at its start (all of its node's) and 30 s after a driver became unusable.
+    pub fn wipe_slices(&self, node: Option<&str>, driver: Option<&str>) -> usize {
+        let mut state = lock(&self.state);
+        let before = state.slices.len();
+        state.slices.retain(|_, s| {
+            !(node.is_none_or(|n| s.spec.node_name.as_deref() == Some(n))
+                && driver.is_none_or(|d| s.spec.driver == d))
+        });
+        before - state.slices.len()
+    }
+
+    /// Stores `slice` as if another writer had created it (validated like any other).
+    pub fn put_slice(&self, mut slice: ResourceSlice) -> Result<ResourceSlice, String> {
+        let mut state = lock(&self.state);
+        let errors = validate(&slice);
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        slice.metadata.uid = Some(state.next_uid());
+        slice.metadata.resource_version = Some(state.next_version());
+        slice.metadata.generation = Some(1);
+        state.slices.insert(name, slice.clone());
+        Ok(slice)
+    }
+
+    /// Every stored slice, by name.
+    pub fn slices(&self) -> Vec<ResourceSlice> {
+        lock(&self.state).slices.values().cloned().collect()
+    }
+
+    /// How many slice writes (create, update, delete) succeeded so far.
+    pub fn writes(&self) -> u64 {
+        lock(&self.state).writes
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response<Full<Bytes>> {
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message.into(),
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    respond(code, &body)
+}
+
+fn respond(code: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The field selector of `query` as (nodeName, driver) requirements; an error names a field the
+/// real API server would not filter ResourceSlices by.
+fn field_selector(query: Option<&str>) -> Result<(Option<String>, Option<String>), String> {
+    let mut node = None;
+    let mut driver = None;
+    for pair in query.unwrap_or_default().split('&') {
+        let Some(value) = pair.strip_prefix("fieldSelector=") else {
+            continue;
+        };
+        for term in percent_decode(value).split(',').filter(|t| !t.is_empty()) {
+            let (field, wanted) = term
+                .split_once("==")
+                .or_else(|| term.split_once('='))
+                .ok_or_else(|| format!("invalid selector term {term:?}"))?;
+            match field {
+                "spec.nodeName" => node = Some(wanted.to_owned()),
+                "spec.driver" => driver = Some(wanted.to_owned()),
+                other => {
+                    return Err(format!("field label not supported: {other}"));
+                }
+            }
+        }
+    }
+    Ok((node, driver))
+}
+
+fn selected(slice: &ResourceSlice, node: &Option<String>, driver: &Option<String>) -> bool {
+    node.as_ref()
+        .is_none_or(|n| slice.spec.node_name.as_deref().unwrap_or_default() == n)
+        && driver.as_ref().is_none_or(|d| &slice.spec.driver == d)
+}
+
+async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(token) = lock(state).token.clone() {
+        let given = request
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {token}").as_str()) {
+            return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        }
+    }
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let query = request.uri().query().map(str::to_owned);
+    let body = match request.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    if path == SLICES {
+        return match method {
+            Method::GET => list(state, query.as_deref()),
+            Method::POST => create(state, &body),
+            Method::DELETE => delete_collection(state, query.as_deref()),
+            _ => status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "method not allowed",
+            ),
+        };
+    }
+    if let Some(name) = path.strip_prefix(SLICES).and_then(|p| p.strip_prefix('/')) {
+        let name = percent_decode(name);
+        return match method {
+            Method::GET => match lock(state).slices.get(&name) {
+                Some(s) => respond(StatusCode::OK, s),
+                None => not_found("resourceslices", &name),
+            },
+            Method::PUT => update(state, &name, &body),
+            Method::DELETE => delete(state, &name, &body),
+            _ => status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "method not allowed",
+            ),
+        };
+    }
+    if let Some(rest) = path.strip_prefix(CLAIMS_PREFIX)
+        && let Some((namespace, name)) = rest.split_once("/resourceclaims/")
+        && method == Method::GET
+    {
+        let key = (percent_decode(namespace), percent_decode(name));
+        return match lock(state).claims.get(&key) {
+            Some(c) => respond(StatusCode::OK, c),
+            None => not_found("resourceclaims", &key.1),
+        };
+    }
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("no route {method} {path}"),
+    )
+}
+
+fn not_found(resource: &str, name: &str) -> Response<Full<Bytes>> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{resource}.resource.k8s.io \"{name}\" not found"),
+    )
+}
+
+fn list(state: &Mutex<State>, query: Option<&str>) -> Response<Full<Bytes>> {
+    let (node, driver) = match field_selector(query) {
+        Ok(s) => s,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+    };
+    let state = lock(state);
+    let items: Vec<_> = state
+        .slices
+        .values()
+        .filter(|s| selected(s, &node, &driver))
+        .cloned()
+        .collect();
+    respond(
+        StatusCode::OK,
+        &json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSliceList",
+            "metadata": { "resourceVersion": state.version.to_string() },
+            "items": items,
+        }),
+    )
+}
+
+fn parse(body: &[u8]) -> Result<ResourceSlice, Box<Response<Full<Bytes>>>> {
+    serde_json::from_slice(body)
+        .map_err(|e| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string())))
+}
+
+fn invalid(errors: &[String]) -> Response<Full<Bytes>> {
+    status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        format!("ResourceSlice is invalid: {}", errors.join("; ")),
+    )
+}
+
+fn create(state: &Mutex<State>, body: &[u8]) -> Response<Full<Bytes>> {
+    let mut slice = match parse(body) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let mut state = lock(state);
+    if slice.metadata.name.is_none()
+        && let Some(prefix) = slice.metadata.generate_name.clone()
+    {
+        let suffix = format!("{:05x}", state.uids + 1);
+        slice.metadata.name = Some(format!("{prefix}{suffix}"));
+    }
+    let errors = validate(&slice);
+    if !errors.is_empty() {
+        return invalid(&errors);
+    }
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    if state.slices.contains_key(&name) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("resourceslices.resource.k8s.io \"{name}\" already exists"),
+        );
+    }
+    slice.metadata.uid = Some(state.next_uid());
+    slice.metadata.resource_version = Some(state.next_version());
+    slice.metadata.generation = Some(1);
+    state.slices.insert(name, slice.clone());
+    state.writes += 1;
+    respond(StatusCode::CREATED, &slice)
+}
+
+fn update(state: &Mutex<State>, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let mut slice = match parse(body) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    if slice.metadata.name.as_deref() != Some(name) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the name of the object does not match the name on the URL",
+        );
+    }
+    let mut state = lock(state);
+    let Some(stored) = state.slices.get(name).cloned() else {
+        return not_found("resourceslices", name);
+    };
+    if let Some(version) = &slice.metadata.resource_version
+        && Some(version) != stored.metadata.resource_version.as_ref()
+    {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on resourceslices.resource.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+            ),
+        );
+    }
+    let mut errors = validate(&slice);
+    if slice.spec.driver != stored.spec.driver {
+        errors.push("spec.driver: field is immutable".into());
+    }
+    if slice.spec.node_name != stored.spec.node_name {
+        errors.push("spec.nodeName: field is immutable".into());
+    }
+    if !errors.is_empty() {
+        return invalid(&errors);
+    }
+    let generation = stored.metadata.generation.unwrap_or(1);
+    slice.metadata.uid = stored.metadata.uid.clone();
+    slice.metadata.generation = Some(if slice.spec == stored.spec {
+        generation
+    } else {
+        generation + 1
+    });
+    slice.metadata.resource_version = Some(state.next_version());
+    state.slices.insert(name.to_owned(), slice.clone());
+    state.writes += 1;
+    respond(StatusCode::OK, &slice)
+}
+
+fn delete(state: &Mutex<State>, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let options: serde_json::Value = if body.is_empty() {
+        serde_json::Value::Null
+    } else {
+        match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+        }
+    };
+    let mut state = lock(state);
+    let Some(stored) = state.slices.get(name) else {
+        return not_found("resourceslices", name);
+    };
+    let pre = &options["preconditions"];
+    let uid_ok = pre["uid"]
+        .as_str()
+        .is_none_or(|u| stored.metadata.uid.as_deref() == Some(u));
+    let version_ok = pre["resourceVersion"]
+        .as_str()
+        .is_none_or(|v| stored.metadata.resource_version.as_deref() == Some(v));
+    if !uid_ok || !version_ok {
+        return status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Precondition failed for resourceslices.resource.k8s.io \"{name}\""),
+        );
+    }
+    let removed = state.slices.remove(name);
+    state.writes += 1;
+    respond(StatusCode::OK, &removed)
+}
+
+fn delete_collection(state: &Mutex<State>, query: Option<&str>) -> Response<Full<Bytes>> {
+    let (node, driver) = match field_selector(query) {
+        Ok(s) => s,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+    };
+    let mut state = lock(state);
+    let doomed: Vec<String> = state
+        .slices
+        .iter()
+        .filter(|(_, s)| selected(s, &node, &driver))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let mut items = Vec::new();
+    for name in doomed {
+        if let Some(s) = state.slices.remove(&name) {
+            items.push(s);
+            state.writes += 1;
+        }
+    }
+    respond(
+        StatusCode::OK,
+        &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": items}),
+    )
+}
+
+/// Checks a qualified attribute or capacity name; the name with the driver's domain applied.
+fn qualified(name: &str, driver: &str, errors: &mut Vec<String>, at: &str) -> String {
+    let (domain, id) = match name.split_once('/') {
+        Some((d, i)) => (Some(d), i),
+        None => (None, name),
+    };
+    if let Some(d) = domain
+        && !(is_dns_subdomain(d) && d.len() <= 63)
+    {
+        errors.push(format!(
+            "{at}: domain {d:?} is not a DNS subdomain of at most 63 bytes"
+        ));
+    }
+    if !(is_c_identifier(id) && id.len() <= 32) {
+        errors.push(format!(
+            "{at}: {id:?} is not a C identifier of at most 32 bytes"
+        ));
+    }
+    format!("{}/{id}", domain.unwrap_or(driver))
+}
+
+/// The rules of kubernetes' ResourceSlice validation this stand-in keeps (listed in the module
+/// documentation); every failure, as `field: why`.
+pub fn validate(slice: &ResourceSlice) -> Vec<String> {
+    let mut errors = Vec::new();
+    let name = slice.metadata.name.as_deref().unwrap_or_default();
+    if !is_dns_subdomain(name) {
+        errors.push(format!("metadata.name: {name:?} is not a DNS subdomain"));
+    }
+    let spec = &slice.spec;
+    if !(is_dns_subdomain(&spec.driver) && spec.driver.len() <= 63) {
+        errors.push(format!(
+            "spec.driver: {:?} is not a DNS subdomain of at most 63 bytes",
+            spec.driver
+        ));
+    }
+    let pool = &spec.pool;
+    if pool.name.is_empty() || pool.name.len() > 253 || !pool.name.split('/').all(is_dns_subdomain)
+    {
+        errors.push(format!(
+            "spec.pool.name: {:?} is not '/'-separated DNS subdomains of at most 253 bytes",
+            pool.name
+        ));
+    }
+    if pool.generation < 0 {
+        errors.push("spec.pool.generation: must be greater than or equal to 0".into());
+    }
+    if pool.resource_slice_count < 1 {
+        errors.push("spec.pool.resourceSliceCount: must be greater than 0".into());
+    }
+    let selectors = [
+        spec.node_name.as_ref().is_some_and(|n| !n.is_empty()),
+        spec.node_selector.is_some(),
+        spec.all_nodes == Some(true),
+        spec.per_device_node_selection == Some(true),
+    ];
+    if selectors.iter().filter(|s| **s).count() != 1 {
+        errors.push(
+            "spec: exactly one of nodeName, nodeSelector, allNodes, perDeviceNodeSelection is required"
+                .into(),
+        );
+    }
+    if let Some(node) = &spec.node_name
+        && !node.is_empty()
+        && !is_dns_subdomain(node)
+    {
+        errors.push(format!("spec.nodeName: {node:?} is not a DNS subdomain"));
+    }
+    let devices = spec.devices.as_deref().unwrap_or_default();
+    if devices.len() > 128 {
+        errors.push(format!(
+            "spec.devices: {} devices, at most 128 allowed",
+            devices.len()
+        ));
+    }
+    let mut names = HashSet::new();
+    for (i, device) in devices.iter().enumerate() {
+        let at = format!("spec.devices[{i}]");
+        if !is_dns_label(&device.name) {
+            errors.push(format!("{at}.name: {:?} is not a DNS label", device.name));
+        }
+        if !names.insert(device.name.as_str()) {
+            errors.push(format!("{at}.name: duplicate {:?}", device.name));
+        }
+        let attributes = device.attributes.as_ref();
+        let capacity = device.capacity.as_ref();
+        let total = attributes.map_or(0, BTreeMap::len) + capacity.map_or(0, BTreeMap::len);
+        if total > 32 {
+            errors.push(format!(
+                "{at}: {total} attributes and capacities, at most 32 allowed"
+            ));
+        }
+        let mut full = HashSet::new();
+        for (key, value) in attributes.into_iter().flatten() {
+            let at = format!("{at}.attributes[{key}]");
+            if !full.insert(qualified(key, &spec.driver, &mut errors, &at)) {
+                errors.push(format!("{at}: duplicate attribute name"));
+            }
+            let set = [
+                value.bool.is_some(),
+                value.int.is_some(),
+                value.string.is_some(),
+                value.version.is_some(),
+                value.bools.is_some(),
+                value.ints.is_some(),
+                value.strings.is_some(),
+                value.versions.is_some(),
+            ];
+            if set.iter().filter(|s| **s).count() != 1 {
+                errors.push(format!("{at}: exactly one value is required"));
+            }
+            if let Some(s) = &value.string
+                && s.len() > 64
+            {
+                errors.push(format!("{at}.string: longer than 64 bytes"));
+            }
+            if let Some(v) = &value.version
+                && (v.len() > 64 || !is_semver(v))
+            {
+                errors.push(format!(
+                    "{at}.version: {v:?} is not a semantic version of at most 64 bytes"
+                ));
+            }
+        }
+        for key in capacity.into_iter().flatten().map(|(k, _)| k) {
+            let at = format!("{at}.capacity[{key}]");
+            if !full.insert(qualified(key, &spec.driver, &mut errors, &at)) {
+                errors.push(format!("{at}: duplicate name"));
+            }
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::{ApiError, ClaimSource, SliceStore};
+    use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn slice(name: &str, node: &str, driver: &str, devices: usize) -> ResourceSlice {
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: driver.into(),
+                node_name: Some(node.into()),
+                pool: ResourcePool {
+                    name: node.into(),
+                    generation: 0,
+                    resource_slice_count: 1,
+                },
+                devices: Some(
+                    (0..devices)
+                        .map(|i| Device {
+                            name: format!("dev-{i}"),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn the_client_meets_the_api_servers_rules() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let client = server.client();
+        let created = client
+            .create(&slice("a", "node-1", "gpu.example.com", 2))
+            .await
+            .unwrap();
+        assert_eq!(created.metadata.generation, Some(1));
+        let version = created.metadata.resource_version.clone().unwrap();
+        assert!(matches!(
+            client
+                .create(&slice("a", "node-1", "gpu.example.com", 1))
+                .await,
+            Err(ApiError::Conflict(_))
+        ));
+        client
+            .create(&slice("b", "node-2", "gpu.example.com", 1))
+            .await
+            .unwrap();
+        client
+            .create(&slice("c", "node-1", "nic.example.com", 1))
+            .await
+            .unwrap();
+
+        let listed = client.list("node-1", "gpu.example.com").await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].metadata.name.as_deref(), Some("a"));
+
+        // Update: the spec change bumps metadata.generation; a stale resourceVersion is refused.
+        let mut changed = created.clone();
+        changed.spec.devices = Some(vec![Device {
+            name: "other".into(),
+            ..Default::default()
+        }]);
+        let updated = client.update(&changed).await.unwrap();
+        assert_eq!(updated.metadata.generation, Some(2));
+        assert_ne!(
+            updated.metadata.resource_version.as_deref(),
+            Some(version.as_str())
+        );
+        assert!(matches!(
+            client.update(&changed).await,
+            Err(ApiError::Conflict(_))
+        ));
+        let mut moved = updated.clone();
+        moved.spec.node_name = Some("node-3".into());
+        moved.spec.pool.name = "node-3".into();
+        let err = client.update(&moved).await.unwrap_err();
+        assert!(err.to_string().contains("immutable"), "{err}");
+
+        // Invalid slices are refused with the API's reasons.
+        let mut bad = slice("d", "node-1", "gpu.example.com", 129);
+        bad.spec.devices.as_mut().unwrap()[0].name = "Not_A_Label".into();
+        let err = client.create(&bad).await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, ApiError::Status { code: 422, .. }), "{text}");
+        assert!(
+            text.contains("at most 128") && text.contains("not a DNS label"),
+            "{text}"
+        );
+
+        client.delete("a").await.unwrap();
+        assert!(matches!(
+            client.delete("a").await,
+            Err(ApiError::NotFound(_))
+        ));
+        client
+            .delete_all_slices("node-2", "gpu.example.com")
+            .await
+            .unwrap();
+        let names: Vec<_> = server
+            .slices()
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        assert_eq!(names, ["c"]);
+
+        assert_eq!(client.get_claim("ns", "missing").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn in_cluster_tls_and_a_rotated_token() {
+        let cert = include_bytes!("testdata/cert.pem").to_vec();
+        let key = include_bytes!("testdata/key.pem").to_vec();
+        let server = ApiServerStandIn::start_with(Options {
+            tls: Some((cert.clone(), key)),
+            token: Some("first".into()),
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
+        std::fs::write(dir.path().join("token"), "first\n").unwrap();
+        let client = ApiClient::https("127.0.0.1", server.addr().port(), dir.path()).unwrap();
+        client
+            .create(&slice("a", "node-1", "gpu.example.com", 1))
+            .await
+            .unwrap();
+
+        // kubelet rotates the projected token: the next request reads the new file.
+        server.set_token("second");
+        let err = client.list("node-1", "gpu.example.com").await.unwrap_err();
+        assert!(matches!(err, ApiError::Status { code: 401, .. }), "{err}");
+        std::fs::write(dir.path().join("token"), "second").unwrap();
+        assert_eq!(
+            client
+                .list("node-1", "gpu.example.com")
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        // A CA that did not sign the server's certificate: no connection.
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(
+            other.path().join("ca.crt"),
+            include_bytes!("testdata/other-ca.pem"),
+        )
+        .unwrap();
+        std::fs::write(other.path().join("token"), "second").unwrap();
+        let untrusting = ApiClient::https("127.0.0.1", server.addr().port(), other.path()).unwrap();
+        let err = untrusting
+            .list("node-1", "gpu.example.com")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ApiError::Transport(_)), "{err}");
+    }
+
+    #[test]
+    fn attribute_rules() {
+        use k8s_openapi::api::resource::v1::DeviceAttribute;
+        let mut s = slice("a", "node-1", "gpu.example.com", 1);
+        let attrs = BTreeMap::from([
+            (
+                "model".to_string(),
+                DeviceAttribute {
+                    string: Some("x".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "gpu.example.com/model".to_string(),
+                DeviceAttribute {
+                    string: Some("y".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "driverVersion".to_string(),
+                DeviceAttribute {
+                    version: Some("1.2".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "two".to_string(),
+                DeviceAttribute {
+                    int: Some(1),
+                    bool: Some(true),
+                    ..Default::default()
+                },
+            ),
+            (
+                "bad-name".to_string(),
+                DeviceAttribute {
+                    int: Some(1),
+                    ..Default::default()
+                },
+            ),
+        ]);
+        s.spec.devices.as_mut().unwrap()[0].attributes = Some(attrs);
+        let errors = validate(&s).join("\n");
+        assert!(errors.contains("duplicate attribute name"), "{errors}");
+        assert!(errors.contains("not a semantic version"), "{errors}");
+        assert!(errors.contains("exactly one value"), "{errors}");
+        assert!(
+            errors.contains("\"bad-name\" is not a C identifier"),
+            "{errors}"
+        );
+    }
+}

@@ -1,0 +1,528 @@
+//! The host's filesystem as a guest sees it: one trait ([`HostFs`]) for every read a scanner
+//! makes, the guest's implementation ([`Host`]: /dev through devfs, the rest through `std::fs`)
+//! and an in-memory one for unit tests ([`FakeFs`]).
+//!
+//! Why: host imports are unreachable off wasm, so a scanner's logic can only be tested when it
+//! reads the machine through something a test can replace. Written against [`HostFs`], a
+//! scanner's `scan` takes `&Host` in the guest and a [`FakeFs`] built in a few lines in its tests,
+//! and the derived reads (trimmed attributes, sorted names, globs, `realpath`) are the same code
+//! in both. [`realpath`] is the one symlink walk of the SDK: [`crate::sysfs::resolve`] is it over
+//! `std::fs`, a /dev link is resolved by it over devfs.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::devfs::{Devfs, Node, NodeKind};
+use crate::pathglob::{self, DirSource};
+use crate::sysfs::StdFs;
+
+/// Why a file could not be read: a file that is not there (a device went away between two
+/// reads) often means something else to a scanner than one that is there but cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadError {
+    /// No such file.
+    Missing,
+    /// The file exists but reading it failed; the text says why.
+    Unreadable(String),
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Missing => f.write_str("no such file"),
+            ReadError::Unreadable(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// A filesystem a scanner reads: listing and stat from [`DirSource`] (so [`pathglob::glob_with`]
+/// walks it), plus symlink targets and file contents. Paths are absolute guest paths.
+///
+/// The provided methods are the reads scanners repeat (a trimmed attribute, sorted names, "is
+/// this a character device", `realpath`), written once over the four required ones so that a
+/// fake answers them exactly as the guest does.
+pub trait HostFs: DirSource {
+    /// The stored target of the symlink at `path` (it may be relative).
+    fn read_link(&self, path: &str) -> Result<String, String>;
+
+    /// The whole contents of the file at `path`, following symlinks.
+    fn read(&self, path: &str) -> Result<String, ReadError>;
+
+    /// `realpath(path)`: see [`realpath`].
+    fn realpath(&self, path: &str) -> Option<String> {
+        realpath(self, path)
+    }
+
+    /// [`HostFs::realpath`] of a path under /sys when the answer stays under /sys; None
+    /// otherwise. Why: a sysfs link that leads out of /sys is not a device's sysfs directory.
+    fn resolve_sys(&self, path: &str) -> Option<String> {
+        let resolved = self.realpath(path)?;
+        (resolved == "/sys" || resolved.starts_with("/sys/")).then_some(resolved)
+    }
+
+    /// The last component of [`HostFs::resolve_sys`]: e.g. the IOMMU group number behind
+    /// `<pci device>/iommu_group`, or the driver bound to a device behind `<device>/driver`.
+    fn resolve_name(&self, path: &str) -> Option<String> {
+        self.resolve_sys(path)?
+            .rsplit('/')
+            .next()
+            .map(str::to_string)
+    }
+
+    /// A sysfs attribute trimmed of surrounding whitespace (sysfs values end in a newline); None
+    /// when it is missing or unreadable, since devices come and go between scans.
+    fn read_attr(&self, path: &str) -> Option<String> {
+        self.read(path).ok().map(|s| s.trim().to_string())
+    }
+
+    /// The last component of a symlink's stored target (the driver name behind
+    /// `<device>/driver`); None when `path` is not a readable symlink.
+    fn link_name(&self, path: &str) -> Option<String> {
+        let target = self.read_link(path).ok()?;
+        let name = std::path::Path::new(&target).file_name()?;
+        Some(name.to_string_lossy().into_owned())
+    }
+
+    /// The names in directory `dir`, sorted; empty when it is missing or unreadable.
+    fn names(&self, dir: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .list(dir)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| n.name)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The paths matching the glob `pattern`, sorted; empty for an invalid pattern (patterns are
+    /// constants or were checked with the configuration, see [`crate::devfs::check_dev_pattern`]
+    /// and [`crate::sysfs::check_sys_pattern`]).
+    fn glob(&self, pattern: &str) -> Vec<String>
+    where
+        Self: Sized,
+    {
+        pathglob::glob_with(self, pattern)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.path)
+            .collect()
+    }
+
+    /// True when an entry exists at `path` (a dangling symlink counts: it is not followed).
+    fn exists(&self, path: &str) -> bool {
+        self.stat(path).is_ok()
+    }
+
+    /// True when `path` exists and is a character device (a symlink does not count). Why: a
+    /// scanner should advertise a device only when its node is really there.
+    fn is_char_device(&self, path: &str) -> bool {
+        matches!(self.stat(path), Ok(n) if n.kind == NodeKind::CharDevice)
+    }
+}
+
+/// The most symlinks [`realpath`] follows before giving up (Linux's own limit).
+const MAX_LINK_HOPS: usize = 40;
+
+/// The canonical form of the absolute `path` in `fs`, following every symlink on the way, as
+/// `realpath(3)` and Go's `filepath.EvalSymlinks` do; None for a missing component or a link loop.
+///
+/// Why: device plugins identify devices by resolved paths (the PCI address of a DRM card, a VF's
+/// physical function, an IOMMU group's number, the node behind `/dev/char/<major>:<minor>`), and
+/// `std::fs::canonicalize` is not available to a WASI guest nor devfs able to follow links. Links
+/// in /sys and /dev are relative, so resolving them one component at a time with `stat` and
+/// `read_link` gives the kernel's answer.
+pub fn realpath<F: HostFs + ?Sized>(fs: &F, path: &str) -> Option<String> {
+    let mut pending: Vec<String> = path.split('/').rev().map(str::to_string).collect();
+    let mut done: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(part) = pending.pop() {
+        match part.as_str() {
+            "" | "." => continue,
+            ".." => {
+                done.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let here = if done.is_empty() {
+            format!("/{part}")
+        } else {
+            format!("/{}/{part}", done.join("/"))
+        };
+        if fs.stat(&here).ok()?.kind != NodeKind::Symlink {
+            done.push(part);
+            continue;
+        }
+        hops += 1;
+        if hops > MAX_LINK_HOPS {
+            return None;
+        }
+        let target = fs.read_link(&here).ok()?;
+        if target.starts_with('/') {
+            done.clear();
+        }
+        pending.extend(target.split('/').rev().map(str::to_string));
+    }
+    Some(format!("/{}", done.join("/")))
+}
+
+/// True for `/dev` and the paths below it: what the guest reaches through devfs.
+fn in_dev(path: &str) -> bool {
+    path.strip_prefix("/dev")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// The guest's view of the host: /dev through the host's devfs (metadata and link targets only,
+/// never contents), everything else (the /sys preopen) through `std::fs`.
+pub struct Host;
+
+impl DirSource for Host {
+    fn list(&self, dir: &str) -> Result<Vec<Node>, String> {
+        if in_dev(dir) {
+            Devfs.list(dir)
+        } else {
+            StdFs.list(dir)
+        }
+    }
+    fn stat(&self, path: &str) -> Result<Node, String> {
+        if in_dev(path) {
+            Devfs.stat(path)
+        } else {
+            StdFs.stat(path)
+        }
+    }
+}
+
+impl HostFs for Host {
+    fn read_link(&self, path: &str) -> Result<String, String> {
+        if in_dev(path) {
+            Devfs.read_link(path)
+        } else {
+            StdFs.read_link(path)
+        }
+    }
+    fn read(&self, path: &str) -> Result<String, ReadError> {
+        if in_dev(path) {
+            Devfs.read(path)
+        } else {
+            StdFs.read(path)
+        }
+    }
+}
+
+/// One entry of a [`FakeFs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    Dir,
+    File(Result<String, ReadError>),
+    Link(String),
+    Node {
+        kind: NodeKind,
+        major: u32,
+        minor: u32,
+    },
+}
+
+/// An in-memory filesystem for unit tests: directories, files (or files that fail to read),
+/// symlinks and device nodes by absolute path. Every entry's parent directories exist.
+///
+/// Why: a scanner's unit tests describe the machine it should see (sysfs attributes and links,
+/// /dev nodes) and run the scanner's own logic over it; links are followed by the same
+/// [`realpath`] as in the guest, so a test's sysfs layout must be as consistent as the kernel's.
+///
+/// ```
+/// use wdp_guest::hostfs::{FakeFs, HostFs};
+///
+/// let mut fs = FakeFs::new();
+/// fs.file("/sys/devices/pci0000:00/0000:00:02.0/vendor", "0x8086\n")
+///     .link("/sys/bus/pci/devices/0000:00:02.0", "../../../devices/pci0000:00/0000:00:02.0")
+///     .char_dev("/dev/dri/card0", 226, 0);
+/// assert_eq!(fs.read_attr("/sys/bus/pci/devices/0000:00:02.0/vendor").as_deref(), Some("0x8086"));
+/// assert!(fs.is_char_device("/dev/dri/card0"));
+/// assert_eq!(fs.glob("/dev/dri/*"), ["/dev/dri/card0"]);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct FakeFs {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl FakeFs {
+    /// An empty filesystem (only `/`).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn insert(&mut self, path: &str, entry: Entry) -> &mut Self {
+        let mut parent = String::new();
+        let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        if let Some((_, dirs)) = comps.split_last() {
+            for c in dirs {
+                parent = format!("{parent}/{c}");
+                self.entries.entry(parent.clone()).or_insert(Entry::Dir);
+            }
+        }
+        self.entries.insert(path.to_string(), entry);
+        self
+    }
+
+    /// A directory at `path`.
+    pub fn dir(&mut self, path: &str) -> &mut Self {
+        self.insert(path, Entry::Dir)
+    }
+
+    /// A file at `path` with `contents`.
+    pub fn file(&mut self, path: &str, contents: &str) -> &mut Self {
+        self.insert(path, Entry::File(Ok(contents.to_string())))
+    }
+
+    /// A file at `path` whose reading fails with `why`.
+    pub fn unreadable(&mut self, path: &str, why: &str) -> &mut Self {
+        self.insert(
+            path,
+            Entry::File(Err(ReadError::Unreadable(why.to_string()))),
+        )
+    }
+
+    /// A symlink at `path` whose stored target is `target` (relative or absolute).
+    pub fn link(&mut self, path: &str, target: &str) -> &mut Self {
+        self.insert(path, Entry::Link(target.to_string()))
+    }
+
+    /// A character device `major:minor` at `path`.
+    pub fn char_dev(&mut self, path: &str, major: u32, minor: u32) -> &mut Self {
+        self.insert(
+            path,
+            Entry::Node {
+                kind: NodeKind::CharDevice,
+                major,
+                minor,
+            },
+        )
+    }
+
+    /// An entry of `kind` at `path` with no device numbers: a directory or an empty file for
+    /// those kinds, a node of that kind otherwise (a symlink needs [`FakeFs::link`]).
+    pub fn node(&mut self, path: &str, kind: NodeKind) -> &mut Self {
+        match kind {
+            NodeKind::Directory => self.dir(path),
+            NodeKind::File => self.file(path, ""),
+            kind => self.insert(
+                path,
+                Entry::Node {
+                    kind,
+                    major: 0,
+                    minor: 0,
+                },
+            ),
+        }
+    }
+
+    /// Removes the entry at `path` and everything below it.
+    pub fn remove(&mut self, path: &str) -> &mut Self {
+        let below = format!("{path}/");
+        self.entries
+            .retain(|p, _| p != path && !p.starts_with(&below));
+        self
+    }
+
+    /// The entry at `path` itself, `/` being a directory.
+    fn entry(&self, path: &str) -> Option<&Entry> {
+        if path == "/" {
+            return Some(&Entry::Dir);
+        }
+        self.entries.get(path)
+    }
+
+    /// The entry `path` names with its parent directories' links followed, and its own path.
+    fn lookup(&self, path: &str) -> Option<(String, &Entry)> {
+        if let Some(e) = self.entry(path) {
+            return Some((path.to_string(), e));
+        }
+        let (parent, name) = path.rsplit_once('/')?;
+        let parent = realpath(self, if parent.is_empty() { "/" } else { parent })?;
+        let real = format!("{}/{name}", parent.trim_end_matches('/'));
+        self.entry(&real).map(|e| (real, e))
+    }
+}
+
+fn node_of(name: &str, entry: &Entry) -> Node {
+    let (kind, major, minor) = match entry {
+        Entry::Dir => (NodeKind::Directory, 0, 0),
+        Entry::File(_) => (NodeKind::File, 0, 0),
+        Entry::Link(_) => (NodeKind::Symlink, 0, 0),
+        Entry::Node { kind, major, minor } => (*kind, *major, *minor),
+    };
+    Node {
+        name: name.to_string(),
+        kind,
+        major,
+        minor,
+        mode: 0,
+    }
+}
+
+impl DirSource for FakeFs {
+    fn list(&self, dir: &str) -> Result<Vec<Node>, String> {
+        let real = realpath(self, dir).ok_or_else(|| format!("{dir}: not found"))?;
+        if self.entry(&real) != Some(&Entry::Dir) {
+            return Err(format!("{dir}: not a directory"));
+        }
+        let prefix = format!("{}/", real.trim_end_matches('/'));
+        Ok(self
+            .entries
+            .iter()
+            .filter_map(|(p, e)| {
+                let rest = p.strip_prefix(&prefix)?;
+                (!rest.contains('/')).then(|| node_of(rest, e))
+            })
+            .collect())
+    }
+    fn stat(&self, path: &str) -> Result<Node, String> {
+        let name = path.rsplit('/').next().unwrap_or_default();
+        self.lookup(path)
+            .map(|(_, e)| node_of(name, e))
+            .ok_or_else(|| format!("{path}: not found"))
+    }
+}
+
+impl HostFs for FakeFs {
+    fn read_link(&self, path: &str) -> Result<String, String> {
+        match self.lookup(path) {
+            Some((_, Entry::Link(target))) => Ok(target.clone()),
+            Some(_) => Err(format!("{path}: not a symlink")),
+            None => Err(format!("{path}: not found")),
+        }
+    }
+    fn read(&self, path: &str) -> Result<String, ReadError> {
+        let real = realpath(self, path).ok_or(ReadError::Missing)?;
+        match self.entry(&real) {
+            Some(Entry::File(contents)) => contents.clone(),
+            Some(_) => Err(ReadError::Unreadable(format!("{path}: not a file"))),
+            None => Err(ReadError::Missing),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A DRM card as sysfs lays it out: class links into the device tree, relative hops up.
+    fn sysfs() -> FakeFs {
+        let mut fs = FakeFs::new();
+        let dev = "/sys/devices/pci0000:00/0000:00:02.0";
+        fs.dir(&format!("{dev}/drm/card0"))
+            .file(&format!("{dev}/vendor"), " 0x8086\n")
+            .link(
+                "/sys/class/drm/card0",
+                "../../devices/pci0000:00/0000:00:02.0/drm/card0",
+            )
+            .link(&format!("{dev}/drm/card0/device"), "../../../0000:00:02.0")
+            .link(
+                &format!("{dev}/iommu_group"),
+                "../../../kernel/iommu_groups/7",
+            )
+            .dir("/sys/kernel/iommu_groups/7")
+            .link(&format!("{dev}/driver"), "../../../bus/pci/drivers/i915")
+            .link("/sys/out", "/dev/null")
+            .char_dev("/dev/null", 1, 3)
+            .link("/sys/loop", "loop");
+        fs
+    }
+
+    #[test]
+    fn realpath_follows_relative_and_absolute_links() {
+        let fs = sysfs();
+        assert_eq!(
+            fs.realpath("/sys/class/drm/card0/.."),
+            Some("/sys/devices/pci0000:00/0000:00:02.0/drm".into())
+        );
+        assert_eq!(
+            fs.realpath("/sys/class/drm/card0/device/iommu_group"),
+            Some("/sys/kernel/iommu_groups/7".into())
+        );
+        assert_eq!(
+            fs.resolve_name("/sys/class/drm/card0/device/iommu_group")
+                .as_deref(),
+            Some("7")
+        );
+        assert_eq!(
+            fs.realpath("/sys/class/drm/card1"),
+            None,
+            "a missing component"
+        );
+        assert_eq!(fs.realpath("/sys/loop"), None, "a link loop ends");
+        assert_eq!(fs.realpath("/sys/out"), Some("/dev/null".into()));
+        assert_eq!(fs.resolve_sys("/sys/out"), None, "it leaves /sys");
+        assert_eq!(
+            fs.resolve_sys("/sys/class/drm/card0/device/driver"),
+            None,
+            "a dangling link does not resolve"
+        );
+        assert_eq!(
+            fs.link_name("/sys/class/drm/card0/device/driver")
+                .as_deref(),
+            Some("i915")
+        );
+        assert_eq!(fs.link_name("/sys/class/drm/card0/device/vendor"), None);
+    }
+
+    #[test]
+    fn reads_follow_links_and_say_why_they_fail() {
+        let mut fs = sysfs();
+        fs.unreadable("/sys/kernel/debug/x", "permission denied");
+        let attr = "/sys/class/drm/card0/device/vendor";
+        assert_eq!(fs.read(attr), Ok(" 0x8086\n".into()));
+        assert_eq!(fs.read_attr(attr).as_deref(), Some("0x8086"));
+        assert_eq!(fs.read("/sys/nope"), Err(ReadError::Missing));
+        assert_eq!(
+            fs.read("/sys/kernel/debug/x"),
+            Err(ReadError::Unreadable("permission denied".into()))
+        );
+        assert!(matches!(
+            fs.read("/sys/kernel"),
+            Err(ReadError::Unreadable(_))
+        ));
+        assert_eq!(fs.read_attr("/sys/kernel/debug/x"), None);
+    }
+
+    #[test]
+    fn listing_stat_and_globs_see_through_parent_links() {
+        let mut fs = sysfs();
+        assert_eq!(
+            fs.names("/sys/class/drm/card0/device"),
+            ["driver", "drm", "iommu_group", "vendor"]
+        );
+        assert!(fs.names("/sys/nope").is_empty());
+        assert!(fs.names("/sys/class/drm/card0/device/vendor").is_empty());
+        assert_eq!(
+            fs.stat("/sys/class/drm/card0").map(|n| n.kind),
+            Ok(NodeKind::Symlink),
+            "a final link is not followed"
+        );
+        assert_eq!(
+            fs.stat("/sys/class/drm/card0/device/vendor")
+                .map(|n| n.kind),
+            Ok(NodeKind::File)
+        );
+        assert_eq!(
+            fs.glob("/sys/class/drm/*/device/v*"),
+            ["/sys/class/drm/card0/device/vendor"]
+        );
+        assert!(fs.is_char_device("/dev/null") && !fs.is_char_device("/sys/out"));
+        assert!(fs.exists("/sys/out") && !fs.exists("/dev/zero"));
+        fs.remove("/sys/devices");
+        assert!(fs.glob("/sys/class/drm/*/device/v*").is_empty());
+        assert!(fs.exists("/sys/class/drm/card0"), "the link itself stays");
+        assert!(!fs.exists("/sys/devices/pci0000:00"));
+    }
+
+    #[test]
+    fn host_sends_dev_to_devfs_and_the_rest_to_std_fs() {
+        assert!(in_dev("/dev") && in_dev("/dev/") && in_dev("/dev/dri/card0"));
+        assert!(!in_dev("/devices") && !in_dev("/sys/dev") && !in_dev("/"));
+    }
+}
