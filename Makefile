@@ -105,7 +105,7 @@ lint: setup
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --locked --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --target-dir $(GUEST_TARGET_DIR) -- -D warnings
 
-## proto: rewrite host/src/kubelet/v1beta1.rs from proto/deviceplugin.proto (after changing the
+## proto: rewrite crates/kubelet/src/v1beta1.rs from proto/deviceplugin.proto (after changing the
 ## proto or upgrading prost/tonic; `make test` fails while the checked-in file is stale)
 proto:
 	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test integration -- proto::

@@ -12,12 +12,12 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use prost::Message;
 use wdp::allocate::{self, ContainerResponse};
-use wdp::kubelet::api;
+use wdp::hostfs::DevFs;
 use wdp::policy::Policy;
-use wdp::sandbox::devfs::DevFs;
 use wdp::topology::Topology;
 use wdp::tree::DeviceTree;
 use wdp_bench::fixtures::{self, Fixture};
+use wdp_kubelet::api;
 
 const BULK: usize = 10_000;
 
@@ -162,8 +162,8 @@ fn hook_engine(pooling: bool) -> wasmtime::Engine {
 /// What the Allocate path pays per hooked call (hooks.rs: a fresh store and instance per call),
 /// with the host's on-demand allocator and with wasmtime's pooling allocator.
 fn hook_instantiation(c: &mut Criterion) {
-    use wdp::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
-    use wdp::sandbox::bindings::types as wit;
+    use wdp::bindings::post_allocator::PostAllocatorPluginPre;
+    use wdp::bindings::types as wit;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use wdp::kubelet::standin::StandIn;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::host::Seen;
 
 /// A kubelet stand-in in `plugin_dir` and what it observes.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use wdp::sandbox::bindings::types as wit;
+use wdp::bindings::types as wit;
 
 pub use wdp_tests::fixture::Fixture;
 

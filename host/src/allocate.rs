@@ -8,17 +8,22 @@
 
 use std::collections::BTreeMap;
 
-use crate::kubelet::api;
-use crate::sandbox::bindings::types as wit;
-use crate::tree::{self, DeviceGroup, DeviceSpec, Health, Mount, TreeError};
+use crate::bindings::types as wit;
+use crate::tree::{self, DeviceGroup, DeviceSpec, Health, Mount, OutputError};
+use wdp_kubelet::api;
 
 /// What one container receives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ContainerResponse {
+    /// Environment variables, unique by name.
     pub envs: BTreeMap<String, String>,
+    /// Bind mounts.
     pub mounts: Vec<Mount>,
+    /// Device nodes.
     pub devices: Vec<DeviceSpec>,
+    /// Annotations, unique by key.
     pub annotations: BTreeMap<String, String>,
+    /// Fully qualified CDI device names for a CDI-aware runtime.
     pub cdi_devices: Vec<String>,
 }
 
@@ -26,21 +31,55 @@ pub struct ContainerResponse {
 #[derive(Debug, thiserror::Error)]
 pub enum AllocateError {
     #[error("{resource}: no such device {id:?}")]
-    Unknown { resource: String, id: String },
-    #[error("{resource}: device {id:?} is unhealthy")]
-    Unhealthy { resource: String, id: String },
-    #[error("{resource}: post-allocate hook failed: {cause}")]
-    Hook { resource: String, cause: String },
-    #[error("{resource}: post-allocate hook timed out: {cause}")]
-    HookTimeout { resource: String, cause: String },
-    #[error("{resource}: post-allocate hook returned {got} responses for {want} containers")]
-    HookCount {
+    /// kubelet asked for a device this resource does not list.
+    Unknown {
+        /// The resource, `<namespace>/<dev-type>`.
         resource: String,
+        /// The device id asked for.
+        id: String,
+    },
+    #[error("{resource}: device {id:?} is unhealthy")]
+    /// kubelet asked for a device that is not healthy.
+    Unhealthy {
+        /// The resource, `<namespace>/<dev-type>`.
+        resource: String,
+        /// The device id asked for.
+        id: String,
+    },
+    #[error("{resource}: post-allocate hook failed: {cause}")]
+    /// The post-allocate hook failed.
+    Hook {
+        /// The resource, `<namespace>/<dev-type>`.
+        resource: String,
+        /// Why, in words.
+        cause: String,
+    },
+    #[error("{resource}: post-allocate hook timed out: {cause}")]
+    /// The post-allocate hook ran out of time.
+    HookTimeout {
+        /// The resource, `<namespace>/<dev-type>`.
+        resource: String,
+        /// Why, in words.
+        cause: String,
+    },
+    #[error("{resource}: post-allocate hook returned {got} responses for {want} containers")]
+    /// The post-allocate hook answered for the wrong number of containers.
+    HookCount {
+        /// The resource, `<namespace>/<dev-type>`.
+        resource: String,
+        /// How many responses the hook returned.
         got: usize,
+        /// How many containers kubelet asked for.
         want: usize,
     },
     #[error("{resource}: post-allocate hook returned an invalid response: {error}")]
-    HookInvalid { resource: String, error: TreeError },
+    /// The post-allocate hook answered something the policy refuses.
+    HookInvalid {
+        /// The resource, `<namespace>/<dev-type>`.
+        resource: String,
+        /// The rule it breaks.
+        error: OutputError,
+    },
 }
 
 impl From<AllocateError> for tonic::Status {
@@ -147,7 +186,7 @@ impl ContainerResponse {
     }
 
     /// Validates what a post-allocator returned for container `index`.
-    pub fn from_wit(index: usize, r: wit::ContainerAllocateResponse) -> Result<Self, TreeError> {
+    pub fn from_wit(index: usize, r: wit::ContainerAllocateResponse) -> Result<Self, OutputError> {
         let owner = format!("the response for container {index}");
         Ok(ContainerResponse {
             envs: tree::check_envs(&owner, r.envs)?,

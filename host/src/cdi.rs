@@ -18,7 +18,6 @@
 //! (logged once per tree); its default Allocate answer still carries everything.
 
 pub mod schema;
-pub mod version;
 
 mod ownership;
 
@@ -31,8 +30,8 @@ use serde::Serialize;
 
 pub use self::ownership::SpecOwnership;
 
+use crate::cdi_version::{self as version, CdiVersion};
 use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, is_cdi_name};
-use version::CdiVersion;
 
 /// Where container runtimes look for specs unless configured otherwise.
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
@@ -41,7 +40,9 @@ pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CdiFormat {
     #[default]
+    /// JSON, what every CDI library reads.
     Json,
+    /// YAML, for people who read the specs.
     Yaml,
 }
 
@@ -57,7 +58,9 @@ impl CdiFormat {
 /// A scanner's `cdi:` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CdiConfig {
+    /// Where spec files are written (normally `/var/run/cdi`).
     pub dir: PathBuf,
+    /// The files' format.
     pub format: CdiFormat,
 }
 
@@ -76,19 +79,35 @@ pub enum CdiError {
     #[error(
         "CDI kind {kind:?} is not valid (the namespace and the dev-type must start with a letter, end with a letter or digit, and hold only letters, digits, '-', '_' and '.')"
     )]
-    Kind { kind: String },
+    /// The kind (`vendor/class`) is not a valid CDI kind.
+    Kind {
+        /// The kind as configured.
+        kind: String,
+    },
     #[error("CDI spec {path} would not load in a container runtime: {error}")]
+    /// A spec would break its version's rules.
     Schema {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: schema::SchemaError,
     },
     #[error("cannot write CDI spec {path}: {error}")]
+    /// A spec file could not be written.
     Write {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("cannot encode CDI spec {path}: {message}")]
-    Encode { path: PathBuf, message: String },
+    /// A spec could not be encoded.
+    Encode {
+        /// The path concerned.
+        path: PathBuf,
+        /// What is wrong, in words.
+        message: String,
+    },
 }
 
 /// The name wdp gives the spec of resource `<namespace>/<dev-type>` in `format`.

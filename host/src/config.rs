@@ -26,22 +26,25 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::cdi::{CdiConfig, CdiFormat};
-use crate::kubelet::names;
 use crate::policy::Policy;
 use crate::sandbox::GuestLimits;
 use crate::tree::{is_env_name, is_normal_absolute_path};
 use crate::units;
+use wdp_kubelet::names;
 
 /// A checked configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The scanners, in file order.
     pub scanners: Vec<ScannerConfig>,
+    /// Settings for `oci://` components.
     pub oci: OciConfig,
 }
 
 /// Where a component comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ComponentSource {
+    /// A local component file.
     File(PathBuf),
     /// An `oci://` reference, as written.
     Oci(String),
@@ -50,8 +53,11 @@ pub enum ComponentSource {
 /// Settings for `oci://` components.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OciConfig {
+    /// Where pulled components are kept.
     pub cache_dir: PathBuf,
+    /// Registries reached over plain HTTP.
     pub insecure_registries: Vec<String>,
+    /// Refuse references without a digest.
     pub require_digest: bool,
 }
 
@@ -61,14 +67,21 @@ pub const DEFAULT_OCI_CACHE: &str = "/var/lib/wdp/oci";
 /// One scanner, with paths resolved against the config file's directory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScannerConfig {
+    /// Unique name, used in logs, metrics and status.
     pub name: String,
+    /// The scanner component.
     pub component: ComponentSource,
+    /// The resource namespace: resources are `<namespace>/<dev-type>`.
     pub namespace: String,
+    /// The guest's whole environment.
     pub env: Vec<(String, String)>,
+    /// The hook component, if any.
     pub post_allocator: Option<ComponentSource>,
     /// Public key an `oci://` component's signature must verify with.
     pub verify_key: Option<wdp_oci::sign::PublicKey>,
+    /// Memory and CPU limits.
     pub limits: GuestLimits,
+    /// The rules its trees and answers must follow.
     pub policy: Policy,
     /// Write CDI spec files for its devices (see [`crate::cdi`]); None: no CDI.
     pub cdi: Option<CdiConfig>,
@@ -78,16 +91,29 @@ pub struct ScannerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}: {error}")]
+    /// The file could not be read.
     Read {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("config {path}: {key}: {message}")]
-    Invalid {
+    /// The file is not valid YAML of the expected shape.
+    Parse {
+        /// The path concerned.
         path: PathBuf,
+        /// What is wrong, in words.
+        message: String,
+    },
+    #[error("config {path}: {key}: {message}")]
+    /// A value breaks a rule.
+    Invalid {
+        /// The path concerned.
+        path: PathBuf,
+        /// The key, as a dotted path into the file.
         key: String,
+        /// What is wrong, in words.
         message: String,
     },
 }
@@ -376,6 +402,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
 /// restarts it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScannerIdentity {
+    /// Its configuration, as loaded.
     pub config: ScannerConfig,
     /// sha256 (hex) of the local component file: a component rebuilt in place is a change.
     /// None for an `oci://` component, which is compared by its reference as written.

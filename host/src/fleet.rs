@@ -30,7 +30,7 @@ use crate::hooks::Hooks;
 use crate::manager::{Claims, Manager};
 use crate::sandbox::Sandbox;
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
-use crate::server::Kubelet;
+use crate::server::PluginSockets;
 use crate::status::Observability;
 
 /// How many events a scanner may have in flight to its manager before it waits.
@@ -41,7 +41,9 @@ const EVENT_QUEUE: usize = 16;
 pub struct Prepared {
     /// What it was built from; compared on the next reload.
     pub identity: ScannerIdentity,
+    /// The scanner to run.
     pub scanner: Scanner,
+    /// Its hooks, if it has a post-allocator.
     pub hooks: Option<Arc<Hooks>>,
 }
 
@@ -62,7 +64,7 @@ struct RunningScanner {
 /// The running scanners of one host, and what they share.
 pub struct Fleet {
     sandbox: Arc<Sandbox>,
-    kubelet: Arc<Kubelet>,
+    kubelet: Arc<PluginSockets>,
     claims: Arc<Claims>,
     /// Which CDI spec files are wdp's, and when one may go.
     cdi: Arc<SpecOwnership>,
@@ -76,7 +78,7 @@ impl Fleet {
     /// host-wide `claims` on resource names.
     pub fn new(
         sandbox: Arc<Sandbox>,
-        kubelet: Arc<Kubelet>,
+        kubelet: Arc<PluginSockets>,
         claims: Arc<Claims>,
         obs: Observability,
     ) -> Self {
@@ -149,10 +151,10 @@ impl Fleet {
             self.stop(&name).await;
         }
         // Before the guest can report anything. The spec's series are the ones its hooks share.
-        let status = self.obs.add_scanner(&name, scanner.spec.metrics.clone());
+        let status = self.obs.add_scanner(&name, scanner.guest.metrics.clone());
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let mut manager = Manager::new(
-            scanner.spec.name.clone(),
+            scanner.guest.name.clone(),
             identity.config.namespace.clone(),
             self.kubelet.clone(),
             hooks,

@@ -16,14 +16,16 @@ use std::time::Duration;
 
 use wasmtime::Store;
 
-use crate::kubelet::api;
+use crate::bindings::post_allocator::PostAllocatorPluginPre;
+use crate::bindings::pre_starter::PreStarterPluginPre;
+use crate::bindings::preferred_allocator::PreferredAllocatorPluginPre;
+use crate::bindings::types as wit;
 use crate::metrics::Hook;
-use crate::sandbox::bindings::post_allocator::PostAllocatorPluginPre;
-use crate::sandbox::bindings::pre_starter::PreStarterPluginPre;
-use crate::sandbox::bindings::preferred_allocator::PreferredAllocatorPluginPre;
-use crate::sandbox::bindings::types as wit;
-use crate::sandbox::{GuestSpec, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped};
-use crate::scanner::describe;
+use crate::policy::Policy;
+use crate::sandbox::{
+    Guest, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
+};
+use wdp_kubelet::api;
 
 /// The longest a `pre-start-container` call may run: kubelet's 30 s deadline for the whole
 /// PreStartContainer call, less room for instantiation, the gRPC round trip and a loaded node.
@@ -33,17 +35,22 @@ pub const PRE_START_DEADLINE: Duration = Duration::from_secs(25);
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     #[error("no answer within {0:?}")]
+    /// No answer within the deadline (or the CPU budget, which is as long).
     Timeout(std::time::Duration),
     #[error("the hook returned an error: {0}")]
+    /// The hook answered with an error.
     Guest(String),
     #[error("{0}")]
+    /// The instance failed: a trap, a limit, a missing export.
     Failed(String),
 }
 
 /// The hooks one component exports, ready to call.
 pub struct Hooks {
     sandbox: Arc<Sandbox>,
-    spec: GuestSpec,
+    guest: Guest,
+    /// The rules its answers must follow.
+    policy: Arc<Policy>,
     post: Option<PostAllocatorPluginPre<GuestState>>,
     preferred: Option<PreferredAllocatorPluginPre<GuestState>>,
     pre_start: Option<PreStarterPluginPre<GuestState>>,
@@ -55,19 +62,23 @@ pub struct Hooks {
     "{path} exports no hook: expected post-allocator, preferred-allocator or pre-starter of wdp:device-plugin"
 )]
 pub struct NoHooks {
+    /// The component.
     pub path: PathBuf,
 }
 
 impl Hooks {
-    /// Finds the hook exports of `component`; at least one must exist.
+    /// Finds the hook exports of `component`; at least one must exist. Its answers are checked
+    /// against `policy`.
     pub fn new(
         sandbox: Arc<Sandbox>,
-        spec: GuestSpec,
+        guest: Guest,
+        policy: Arc<Policy>,
         component: &LoadedComponent,
     ) -> Result<Self, NoHooks> {
         let hooks = Hooks {
             sandbox,
-            spec,
+            guest,
+            policy,
             post: component.post_allocator(),
             preferred: component.preferred_allocator(),
             pre_start: component.pre_starter(),
@@ -77,10 +88,10 @@ impl Hooks {
                 path: component.path().to_path_buf(),
             });
         }
-        if hooks.pre_start.is_some() && hooks.spec.limits.call_timeout > PRE_START_DEADLINE {
+        if hooks.pre_start.is_some() && hooks.guest.limits.call_timeout > PRE_START_DEADLINE {
             tracing::warn!(
-                scanner = &*hooks.spec.name,
-                call_timeout = ?hooks.spec.limits.call_timeout,
+                scanner = &*hooks.guest.name,
+                call_timeout = ?hooks.guest.limits.call_timeout,
                 pre_start_deadline = ?PRE_START_DEADLINE,
                 "limits.call-timeout is longer than kubelet allows PreStartContainer (30 s): pre-start-container calls stop at the lower deadline"
             );
@@ -101,9 +112,8 @@ impl Hooks {
         &self,
         index: usize,
         response: wit::ContainerAllocateResponse,
-    ) -> Result<crate::allocate::ContainerResponse, crate::tree::TreeError> {
-        self.spec
-            .policy
+    ) -> Result<crate::allocate::ContainerResponse, crate::tree::OutputError> {
+        self.policy
             .check_response(index, response, self.sandbox.devfs())
     }
 
@@ -178,7 +188,7 @@ impl Hooks {
 
     /// The scanner's `call-timeout`.
     fn deadline(&self) -> Duration {
-        self.spec.limits.call_timeout
+        self.guest.limits.call_timeout
     }
 
     /// One call of `hook` in a fresh store, under `deadline`; timed into the scanner's metrics.
@@ -189,7 +199,7 @@ impl Hooks {
     {
         let started = std::time::Instant::now();
         let result = self.call_once(deadline, f).await;
-        self.spec.metrics.hook_called(hook, started.elapsed());
+        self.guest.metrics.hook_called(hook, started.elapsed());
         result
     }
 
@@ -200,9 +210,8 @@ impl Hooks {
     {
         let store = self
             .sandbox
-            .store(&self.spec, None)
+            .store(&self.guest, None)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
-        let _running = self.sandbox.clock().running();
         match tokio::time::timeout(deadline, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),
             // The CPU budget is as long as the deadline: a hook that spins meets whichever

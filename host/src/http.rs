@@ -32,7 +32,9 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen on {addr} for /metrics, /healthz, /readyz and /status: {error}")]
 pub struct BindError {
+    /// The address asked for.
     pub addr: SocketAddr,
+    /// Why it could not be bound.
     pub error: std::io::Error,
 }
 

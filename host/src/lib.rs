@@ -1,19 +1,36 @@
 //! wdp: WebAssembly device plugins.
 //!
 //! A Kubernetes device-plugin host whose device scanners are WebAssembly components. Data flows
-//! one way: a guest scanner notifies a device tree ([`sandbox`], [`scanner`]), the host validates
-//! it ([`tree`]) and serves it to kubelet.
+//! one way, and the modules import in the same direction (a unit test fails on an import cycle
+//! between them):
+//!
+//! 1. a guest runs in the [`sandbox`], reading /dev and /sys only through [`hostfs`] and its
+//!    preopen, and hands each tree it notifies to a [`sandbox::TreeSink`];
+//! 2. the supervisor ([`scanner`]) is that sink: [`validate`] applies the [`policy`] and the
+//!    [`tree`] rules and fills in [`topology`];
+//! 3. a [`manager`] per scanner diffs the trees, writes [`cdi`] specs and runs one [`server`] per
+//!    resource, answering Allocate with [`allocate`], [`preferred`] and guest [`hooks`];
+//! 4. the servers register with kubelet through `wdp_kubelet`.
+//!
+//! Every stage speaks the WIT types of [`bindings`]; [`fleet`], [`status`], [`http`] and [`cli`]
+//! sit on top.
+
+#![warn(missing_docs)]
 
 pub mod allocate;
+pub mod bindings;
 pub mod cdi;
+pub mod cdi_version;
 pub mod cli;
 pub mod config;
 pub mod fleet;
 #[cfg(test)]
 mod fuzz;
 pub mod hooks;
+pub mod hostfs;
 pub mod http;
-pub mod kubelet;
+#[cfg(test)]
+mod layering;
 pub mod manager;
 pub mod metrics;
 pub mod policy;
@@ -27,3 +44,4 @@ pub mod status;
 pub mod topology;
 pub mod tree;
 pub mod units;
+pub mod validate;

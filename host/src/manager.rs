@@ -16,15 +16,19 @@ use tokio::sync::mpsc;
 use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::hooks::Hooks;
 use crate::scanner::ScannerEvent;
-use crate::server::{Kubelet, Resource, ResourceServer};
+use crate::server::{PluginSockets, ResourceServer};
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceGroup, DeviceTree};
+use wdp_kubelet::names::Resource;
 
 /// Which dev-types changed between two trees (sorted, each type in at most one list).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TreeDiff {
+    /// Device ids that appeared.
     pub added: Vec<String>,
+    /// Device ids whose information changed.
     pub updated: Vec<String>,
+    /// Device ids that went away.
     pub removed: Vec<String>,
 }
 
@@ -90,7 +94,7 @@ impl Claims {
 pub struct Manager {
     scanner: Arc<str>,
     namespace: String,
-    kubelet: Arc<Kubelet>,
+    kubelet: Arc<PluginSockets>,
     hooks: Option<Arc<Hooks>>,
     claims: Arc<Claims>,
     /// Spec files for the container runtime, when the scanner has `cdi:`.
@@ -108,7 +112,7 @@ impl Manager {
     pub fn new(
         scanner: Arc<str>,
         namespace: String,
-        kubelet: Arc<Kubelet>,
+        kubelet: Arc<PluginSockets>,
         hooks: Option<Arc<Hooks>>,
         claims: Arc<Claims>,
     ) -> Self {

@@ -4,7 +4,7 @@
 //! [`ScannerMetrics`] and [`ResourceMetrics`] are one scanner's and one resource's series. They
 //! are plain values the code that sees an event updates directly (atomics, and the library's own
 //! short lock for a histogram): nothing can block a guest or an Allocate. They belong to no
-//! registry: a scanner's series live in its `GuestSpec`, shared by its instances, its hooks, its
+//! registry: a scanner's series live in its `Guest`, shared by its instances, its hooks, its
 //! supervisor and its manager, from before it starts. What `/metrics` exports is whatever the
 //! host is serving at the moment of the scrape ([`Live`], implemented by the shared status), so
 //! a stopped scanner's series leave with it and a reload never orphans a series.
@@ -41,8 +41,11 @@ const CALL_BUCKETS: [f64; 14] = [
 /// The guest hooks whose calls are timed.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Hook {
+    /// `post-allocate`.
     PostAllocate,
+    /// `get-preferred-allocation`.
     GetPreferredAllocation,
+    /// `pre-start-container`.
     PreStartContainer,
 }
 

@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 
 use crate::allocate::ContainerResponse;
-use crate::sandbox::bindings::types as wit;
-use crate::sandbox::devfs::DevFs;
-use crate::tree::{DeviceTree, Health, Mount, TreeError};
+use crate::bindings::types as wit;
+use crate::hostfs::DevFs;
+use crate::tree::{DeviceTree, Health, Mount, OutputError};
 
 /// The per-scanner policy. `Default` is the safe default: no mounts, generous size caps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,13 +50,13 @@ impl Policy {
         &self,
         groups: Vec<wit::DeviceGroup>,
         dev: &DevFs,
-    ) -> Result<DeviceTree, TreeError> {
+    ) -> Result<DeviceTree, OutputError> {
         self.check_sizes(&groups)?;
         if let Some(g) = groups
             .iter()
             .find(|g| g.dev_type.len() > self.max_dev_type_len)
         {
-            return Err(TreeError::DevTypeTooLong {
+            return Err(OutputError::DevTypeTooLong {
                 value: g.dev_type.clone(),
                 max: self.max_dev_type_len,
             });
@@ -91,7 +91,7 @@ impl Policy {
         index: usize,
         response: wit::ContainerAllocateResponse,
         dev: &DevFs,
-    ) -> Result<ContainerResponse, TreeError> {
+    ) -> Result<ContainerResponse, OutputError> {
         let mut bytes = 0usize;
         let owner = || format!("the response for container {index}");
         for s in attached_strings(
@@ -111,9 +111,9 @@ impl Policy {
         Ok(response)
     }
 
-    fn check_sizes(&self, groups: &[wit::DeviceGroup]) -> Result<(), TreeError> {
+    fn check_sizes(&self, groups: &[wit::DeviceGroup]) -> Result<(), OutputError> {
         if groups.len() > self.max_types {
-            return Err(TreeError::TooManyTypes {
+            return Err(OutputError::TooManyTypes {
                 count: groups.len(),
                 max: self.max_types,
             });
@@ -122,7 +122,7 @@ impl Policy {
         for g in groups {
             self.check_string(&|| "a dev-type".into(), &g.dev_type, &mut bytes)?;
             if g.devices.len() > self.max_devices_per_type {
-                return Err(TreeError::TooManyDevices {
+                return Err(OutputError::TooManyDevices {
                     dev_type: g.dev_type.clone(),
                     count: g.devices.len(),
                     max: self.max_devices_per_type,
@@ -149,9 +149,9 @@ impl Policy {
         owner: &dyn Fn() -> String,
         s: &str,
         total: &mut usize,
-    ) -> Result<(), TreeError> {
+    ) -> Result<(), OutputError> {
         if s.len() > self.max_string_bytes {
-            return Err(TreeError::StringTooLong {
+            return Err(OutputError::StringTooLong {
                 owner: owner(),
                 start: s.chars().take(32).collect(),
                 len: s.len(),
@@ -160,14 +160,18 @@ impl Policy {
         }
         *total += s.len();
         if *total > self.max_tree_bytes {
-            return Err(TreeError::TreeTooLarge {
+            return Err(OutputError::TreeTooLarge {
                 max: self.max_tree_bytes,
             });
         }
         Ok(())
     }
 
-    fn check_mounts(&self, owner: &dyn Fn() -> String, mounts: &[Mount]) -> Result<(), TreeError> {
+    fn check_mounts(
+        &self,
+        owner: &dyn Fn() -> String,
+        mounts: &[Mount],
+    ) -> Result<(), OutputError> {
         for m in mounts {
             let allowed = self.allowed_mounts.iter().any(|a| {
                 m.host_path == *a
@@ -176,7 +180,7 @@ impl Policy {
                         .is_some_and(|rest| rest.starts_with('/') || a.ends_with('/'))
             });
             if !allowed {
-                return Err(TreeError::MountNotAllowed {
+                return Err(OutputError::MountNotAllowed {
                     owner: owner(),
                     value: m.host_path.clone(),
                 });
@@ -217,7 +221,7 @@ impl<'a> NodeCheck<'a> {
     }
 
     /// Checks every wanted path; `owner` names who wanted a missing one.
-    fn check(self, owner: impl Fn(&str) -> String) -> Result<(), TreeError> {
+    fn check(self, owner: impl Fn(&str) -> String) -> Result<(), OutputError> {
         for (dir, paths) in &self.by_dir {
             let listed = if paths.len() >= LIST_FROM {
                 self.dev.entry_names(dir).ok()
@@ -235,7 +239,7 @@ impl<'a> NodeCheck<'a> {
                     continue;
                 }
                 if let Err(e) = self.dev.stat(path) {
-                    return Err(TreeError::NodeMissing {
+                    return Err(OutputError::NodeMissing {
                         owner: owner(path),
                         value: (*path).into(),
                         cause: e.to_string(),
@@ -272,7 +276,9 @@ fn attached_strings<'a>(
 /// The longest dev-type whose socket `<plugin_dir>/<namespace>-<dev-type>.sock` still fits.
 pub fn dev_type_budget(plugin_dir_len: usize, namespace: &str) -> usize {
     let fixed = plugin_dir_len + 1 + namespace.len() + 1 + ".sock".len();
-    crate::server::MAX_SOCKET_PATH.saturating_sub(fixed).min(63)
+    wdp_kubelet::names::MAX_SOCKET_PATH
+        .saturating_sub(fixed)
+        .min(63)
 }
 
 #[cfg(test)]
@@ -416,7 +422,7 @@ mod tests {
             with_bad.insert(7, bad);
             let err = p.check_tree(vec![tree(&with_bad)], &dev).unwrap_err();
             assert!(
-                matches!(&err, TreeError::NodeMissing { owner, value, .. }
+                matches!(&err, OutputError::NodeMissing { owner, value, .. }
                     if owner == "device \"d7\"" && value == bad),
                 "{bad}: {err}"
             );

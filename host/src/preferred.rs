@@ -10,7 +10,7 @@
 //! answers the wrong number of containers costs the pod nothing: the answer is "no preference"
 //! (an empty list), the same as a plugin that does not implement the call.
 
-use crate::sandbox::bindings::types as wit;
+use crate::bindings::types as wit;
 
 /// kubelet's answer for one container, from the hook's `choice` (None: no usable answer).
 pub fn answer(

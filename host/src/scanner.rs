@@ -3,19 +3,25 @@
 //! [`supervise`] owns the guest: it instantiates it in a fresh store, calls `scan` (which loops,
 //! notifying trees, until the host stops it), and on a trap, an error, a CPU or memory overrun
 //! drops the store and starts again from the same `InstancePre`, with exponential backoff. Its
-//! [`ScannerEvent`]s are the only thing that leaves: the caller decides what a tree means.
+//! [`ScannerEvent`]s are the only thing that leaves: the caller decides what a tree means. Each
+//! notified tree reaches it through the [`TreeSink`] given to the sandbox ([`EventSink`]): validated
+//! ([`crate::validate`]), then sent on.
 //! Cancelling is dropping the future (or aborting the task that runs it); that drops the store and
 //! the guest with it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
-use wasmtime::Trap;
 
-use crate::sandbox::bindings::scanner::ScannerPluginPre;
-use crate::sandbox::{GuestSpec, GuestState, Sandbox, Stopped};
-use crate::tree::{DeviceTree, TreeError};
+use crate::bindings::scanner::ScannerPluginPre;
+use crate::bindings::types as wit;
+use crate::policy::Policy;
+use crate::sandbox::{Guest, GuestState, Sandbox, SinkClosed, TreeSink, describe};
+use crate::topology::Topology;
+use crate::tree::{DeviceTree, OutputError};
+use crate::validate::Validator;
 
 /// What happens after a scanner fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,21 +45,70 @@ pub enum ScannerEvent {
     /// A notified tree that passed validation.
     Tree(Arc<DeviceTree>),
     /// A notified tree that was refused as a whole; the previous tree stays in force.
-    Refused(TreeError),
+    Refused(OutputError),
     /// The instance failed; it restarts after `restart_in`, or never when `None`.
     Failed {
+        /// The cause, one line.
         error: String,
+        /// When it restarts; `None`: never.
         restart_in: Option<Duration>,
     },
     /// `scan` returned ok: the scanner is done, its last tree stays served.
     Finished,
 }
 
-/// A scanner ready to run: its identity and its linked component.
+/// A scanner ready to run: its identity, the rules its trees must follow, and its linked
+/// component.
 #[derive(Clone)]
 pub struct Scanner {
-    pub spec: GuestSpec,
+    /// What the sandbox gives each of its instances.
+    pub guest: Guest,
+    /// The rules its trees must follow.
+    pub policy: Arc<Policy>,
+    /// The component, linked and checked to export `scanner`.
     pub pre: ScannerPluginPre<GuestState>,
+}
+
+/// The supervisor's side of a scanner instance's `notify`: each tree validated, then sent on as a
+/// [`ScannerEvent`]. Waiting for room on `events` back-pressures the guest.
+pub struct EventSink {
+    validator: Validator,
+    events: mpsc::Sender<ScannerEvent>,
+}
+
+impl EventSink {
+    /// A sink that validates with `validator` and reports to `events`.
+    pub fn new(validator: Validator, events: mpsc::Sender<ScannerEvent>) -> Self {
+        EventSink { validator, events }
+    }
+
+    /// The sink of one instance of `scanner` in `sandbox`, NUMA affinity read through
+    /// `topology`.
+    pub fn for_scanner(
+        sandbox: &Sandbox,
+        scanner: &Scanner,
+        topology: Arc<Topology>,
+        events: mpsc::Sender<ScannerEvent>,
+    ) -> Self {
+        let validator = Validator::new(
+            scanner.guest.name.clone(),
+            scanner.policy.clone(),
+            scanner.guest.metrics.clone(),
+            sandbox.devfs().clone(),
+            topology,
+        );
+        EventSink::new(validator, events)
+    }
+}
+
+impl TreeSink for EventSink {
+    fn notify(&mut self, tree: wit::DeviceTree) -> BoxFuture<'_, Result<(), SinkClosed>> {
+        let event = match self.validator.check(tree) {
+            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
+            Err(e) => ScannerEvent::Refused(e),
+        };
+        Box::pin(async move { self.events.send(event).await.map_err(|_| SinkClosed) })
+    }
 }
 
 /// Runs `scanner` until it finishes, fails under [`RestartPolicy::Never`], or `events` closes.
@@ -63,13 +118,16 @@ pub async fn supervise(
     policy: RestartPolicy,
     events: mpsc::Sender<ScannerEvent>,
 ) {
-    let name = scanner.spec.name.clone();
+    let name = scanner.guest.name.clone();
+    // Shared by its instances: affinity read once stays known across restarts.
+    let topology = Arc::new(Topology::over(sandbox.sys_reads().clone()));
     let mut delay = BACKOFF_START;
     loop {
         let started = Instant::now();
-        let outcome = run_once(&sandbox, &scanner, events.clone()).await;
+        let sink = EventSink::for_scanner(&sandbox, &scanner, topology.clone(), events.clone());
+        let outcome = run_once(&sandbox, &scanner, sink).await;
         // The instance is gone, and its memory with it.
-        scanner.spec.metrics.memory_reset();
+        scanner.guest.metrics.memory_reset();
         let error = match outcome {
             Ok(()) => {
                 tracing::info!(
@@ -84,7 +142,7 @@ pub async fn supervise(
         if events.is_closed() {
             return;
         }
-        crate::metrics::ScannerMetrics::bump(&scanner.spec.metrics.failures);
+        crate::metrics::ScannerMetrics::bump(&scanner.guest.metrics.failures);
         if started.elapsed() >= HEALTHY_AFTER {
             delay = BACKOFF_START;
         }
@@ -104,19 +162,13 @@ pub async fn supervise(
 }
 
 /// One instance, from instantiation to the end of `scan`. The error is a one-line cause.
-async fn run_once(
-    sandbox: &Sandbox,
-    scanner: &Scanner,
-    events: mpsc::Sender<ScannerEvent>,
-) -> Result<(), String> {
+async fn run_once(sandbox: &Sandbox, scanner: &Scanner, sink: EventSink) -> Result<(), String> {
     // A new instance: its memory is counted afresh, and its first scan starts now.
-    scanner.spec.metrics.memory_reset();
-    scanner.spec.metrics.woke();
+    scanner.guest.metrics.memory_reset();
+    scanner.guest.metrics.woke();
     let mut store = sandbox
-        .store(&scanner.spec, Some(events))
+        .store(&scanner.guest, Some(Box::new(sink)))
         .map_err(|e| e.to_string())?;
-    // From here until this function returns (or is cancelled) the guest may execute wasm.
-    let _running = sandbox.clock().running();
     let plugin = scanner
         .pre
         .instantiate_async(&mut store)
@@ -137,31 +189,4 @@ async fn run_once(
             Err(cause)
         }
     }
-}
-
-/// Turns a wasmtime error into a cause an operator can act on.
-pub fn describe(error: &wasmtime::Error) -> String {
-    if let Some(stopped) = error.downcast_ref::<Stopped>() {
-        return match stopped {
-            Stopped::Memory { .. } | Stopped::Table { .. } => stopped.to_string(),
-            _ => format!("stopped by the host: {stopped}"),
-        };
-    }
-    match error.downcast_ref::<Trap>() {
-        Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".into(),
-        // Rust guests panic by trapping on `unreachable`, after printing the panic to stderr.
-        Some(Trap::UnreachableCodeReached) => {
-            "trapped: unreachable instruction (a Rust guest panicked?)".into()
-        }
-        // Rust guests keep their stack in linear memory: overflowing it lands out of bounds.
-        Some(Trap::MemoryOutOfBounds) => {
-            "trapped: out-of-bounds memory access (a stack overflow in the guest?)".into()
-        }
-        Some(trap) => format!("trapped: {trap}"),
-        None => first_line(&format!("{error:?}")),
-    }
-}
-
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or(text).to_string()
 }

@@ -148,22 +148,30 @@ pub struct StatusReport {
     pub ready: bool,
     /// Why not ready, one line each (empty when ready).
     pub not_ready: Vec<String>,
+    /// Every scanner, by name.
     pub scanners: Vec<ScannerReport>,
 }
 
 /// One scanner in `/status`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScannerReport {
+    /// The scanner's name.
     pub name: String,
+    /// Where it is in its life.
     pub state: Phase,
+    /// Instances that failed and restarted.
     pub restarts: u64,
+    /// Trees accepted.
     pub trees_accepted: u64,
+    /// Trees refused.
     pub trees_refused: u64,
     /// Unix seconds of the last accepted tree.
     pub last_scan: Option<u64>,
     /// Linear memory of its running instance.
     pub guest_memory_bytes: u64,
+    /// The last failure's cause.
     pub last_error: Option<String>,
+    /// Its resources.
     pub resources: Vec<ResourceReport>,
 }
 
@@ -174,7 +182,9 @@ pub struct ResourceReport {
     pub name: String,
     /// Registered with the running kubelet.
     pub registered: bool,
+    /// Healthy devices.
     pub healthy: usize,
+    /// Unhealthy devices.
     pub unhealthy: usize,
     /// Why it is not served (then it has no devices and is never registered).
     pub error: Option<String>,
@@ -198,7 +208,7 @@ impl Observability {
     }
 
     /// Starts tracking scanner `name` (replacing any earlier scanner of that name) with the
-    /// series `metrics`, the `GuestSpec::metrics` its instances and hooks already share: its
+    /// series `metrics`, the `Guest::metrics` its instances and hooks already share: its
     /// status entry, in state `starting`, and its series in `/metrics`. Give the handle to its
     /// manager ([`crate::manager::Manager::with_status`]), which removes the scanner when it
     /// stops.
@@ -507,7 +517,7 @@ impl ResourceHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{DeviceInfo, TreeError};
+    use crate::tree::{DeviceInfo, OutputError};
 
     fn group(healthy: usize, unhealthy: usize) -> DeviceGroup {
         let device = |i, health| {
@@ -546,7 +556,7 @@ mod tests {
         kvm.event(&ScannerEvent::Tree(Arc::default()));
         let r = kvm.resource("ns/kvm");
         r.devices(&group(2, 1));
-        serial.event(&ScannerEvent::Refused(TreeError::DevType {
+        serial.event(&ScannerEvent::Refused(OutputError::DevType {
             value: "-".into(),
         }));
         let reasons = obs.readiness().unwrap_err();

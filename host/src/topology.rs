@@ -14,29 +14,23 @@
 //! node, and is dropped. Only the first hint-bearing directory counts.
 
 use std::collections::{BTreeSet, HashMap};
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use crate::sandbox::devfs::{DevFs, NodeKind};
+use crate::hostfs::sys::{SysDir, SysReads};
+use crate::hostfs::{DevFs, NodeKind};
 use crate::tree::DeviceTree;
 
 /// Reads NUMA affinity below one sys root.
 #[derive(Debug)]
 pub struct Topology {
-    /// The sys root, canonical, so resolved paths can be compared with it.
-    sys: PathBuf,
+    /// Every sysfs read goes through here (the sys root on disk, or recorded for a snapshot).
+    reads: Arc<dyn SysReads>,
     /// Answers by device number, reused while `<sys>/dev/{class}/MAJ:MIN` still points where it
     /// did: a guest notifies its whole tree on every change, and walking sysfs again for every
     /// unchanged node cost 40 ms per 10,000 nodes. A number reused by another device (a hot
     /// swap) has another sysfs path, so the link check catches it.
     known: Mutex<HashMap<DeviceNumber, (PathBuf, BTreeSet<u32>)>>,
-}
-
-/// Handles on `<sys>/dev/char` and `<sys>/dev/block` (or why they could not be opened).
-struct DevDirs {
-    char: std::io::Result<std::os::fd::OwnedFd>,
-    block: std::io::Result<std::os::fd::OwnedFd>,
 }
 
 /// `(class, major, minor)`: what `<sys>/dev/{class}/MAJ:MIN` is keyed by.
@@ -50,25 +44,60 @@ const MAX_KNOWN: usize = 1 << 16;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopologyError {
     #[error("{path}: {cause}")]
-    Node { path: String, cause: String },
+    /// The node could not be described.
+    Node {
+        /// The path concerned.
+        path: String,
+        /// Why, in words.
+        cause: String,
+    },
     #[error("{path} is not a character or block device")]
-    NotADevice { path: String },
+    /// Not a device node.
+    NotADevice {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path} is a virtual device node (major 0)")]
-    Virtual { path: String },
+    /// A virtual device (major 0).
+    Virtual {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{link}: {cause}")]
-    Sysfs { link: PathBuf, cause: String },
+    /// The sysfs link could not be read.
+    Sysfs {
+        /// The sysfs link that was read.
+        link: PathBuf,
+        /// Why, in words.
+        cause: String,
+    },
     #[error("{file}: {value:?} is not a NUMA node id")]
-    BadNumaNode { file: PathBuf, value: String },
+    /// `numa_node` holds something else than a node id.
+    BadNumaNode {
+        /// The file that was read.
+        file: PathBuf,
+        /// The offending value, as given.
+        value: String,
+    },
 }
 
 impl Topology {
     /// Affinity read from `sys_root` (normally `/sys`).
     pub fn new(sys_root: &Path) -> Self {
-        let sys = std::fs::canonicalize(sys_root).unwrap_or_else(|_| sys_root.to_path_buf());
+        Topology::over(Arc::new(SysDir::new(sys_root)))
+    }
+
+    /// Affinity read through `reads`.
+    pub fn over(reads: Arc<dyn SysReads>) -> Self {
         Topology {
-            sys,
+            reads,
             known: Mutex::default(),
         }
+    }
+
+    /// The sys root, canonical.
+    fn sys(&self) -> &Path {
+        self.reads.root()
     }
 
     /// Sets `numa_nodes` on every device that has none and at least one node whose affinity is
@@ -88,7 +117,6 @@ impl Topology {
             by_dir.entry(dir).or_default().push(name);
         }
         let mut known: HashMap<String, Result<BTreeSet<u32>, TopologyError>> = HashMap::new();
-        let dirs = self.dev_dirs();
         for (dir, mut names) in by_dir {
             names.sort_unstable();
             names.dedup();
@@ -99,7 +127,7 @@ impl Topology {
                         path: path.clone(),
                         cause: e.to_string(),
                     })
-                    .and_then(|node| self.numa_of(&path, node, dev, &dirs));
+                    .and_then(|node| self.numa_of(&path, node, dev));
                 known.insert(path, numa);
             }
         }
@@ -128,42 +156,20 @@ impl Topology {
 
     /// The NUMA nodes of one device node (guest path under /dev); empty when sysfs gives no hint.
     pub fn node_numa(&self, path: &str, dev: &DevFs) -> Result<BTreeSet<u32>, TopologyError> {
-        let node_error = |e: crate::sandbox::devfs::DevfsError| TopologyError::Node {
+        let node_error = |e: crate::hostfs::DevfsError| TopologyError::Node {
             path: path.into(),
             cause: e.to_string(),
         };
         let node = dev.stat(path).map_err(node_error)?;
-        self.numa_of(path, node, dev, &self.dev_dirs())
-    }
-
-    /// `<sys>/dev/char` and `<sys>/dev/block`, opened once for the many link reads of one
-    /// tree: a `readlinkat` from there costs one path component, where the full path cost a
-    /// walk from `/` for each node.
-    fn dev_dirs(&self) -> DevDirs {
-        let open = |class: &str| {
-            let path = self.sys.join("dev").join(class);
-            rustix::fs::open(
-                &path,
-                rustix::fs::OFlags::PATH
-                    | rustix::fs::OFlags::DIRECTORY
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(std::io::Error::from)
-        };
-        DevDirs {
-            char: open("char"),
-            block: open("block"),
-        }
+        self.numa_of(path, node, dev)
     }
 
     /// The NUMA nodes of the node at `path`, described (unfollowed) by `node`.
     fn numa_of(
         &self,
         path: &str,
-        mut node: crate::sandbox::devfs::Node,
+        mut node: crate::hostfs::Node,
         dev: &DevFs,
-        dirs: &DevDirs,
     ) -> Result<BTreeSet<u32>, TopologyError> {
         // Most nodes are not links: the plain stat answered without the confined open that
         // following a link beneath the dev root costs.
@@ -173,24 +179,21 @@ impl Topology {
                 cause: e.to_string(),
             })?;
         }
-        let (class, dir) = match node.kind {
-            NodeKind::CharDevice => ("char", &dirs.char),
-            NodeKind::BlockDevice => ("block", &dirs.block),
+        let class = match node.kind {
+            NodeKind::CharDevice => "char",
+            NodeKind::BlockDevice => "block",
             _ => return Err(TopologyError::NotADevice { path: path.into() }),
         };
         if node.major == 0 {
             return Err(TopologyError::Virtual { path: path.into() });
         }
         let name = format!("{}:{}", node.major, node.minor);
-        let link = || self.sys.join("dev").join(class).join(&name);
+        let link = self.sys().join("dev").join(class).join(&name);
         let sysfs_error = |e: &std::io::Error| TopologyError::Sysfs {
-            link: link(),
+            link: link.clone(),
             cause: e.to_string(),
         };
-        let dir = dir.as_ref().map_err(sysfs_error)?;
-        let target = rustix::fs::readlinkat(dir, name.as_str(), Vec::new())
-            .map(|t| PathBuf::from(std::ffi::OsString::from_vec(t.into_bytes())))
-            .map_err(|e| sysfs_error(&e.into()))?;
+        let target = self.reads.read_link(&link).map_err(|e| sysfs_error(&e))?;
         let number = (class, node.major, node.minor);
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((seen, numa)) = known.get(&number)
@@ -199,19 +202,22 @@ impl Topology {
             return Ok(numa.clone());
         }
         drop(known);
-        let device = std::fs::canonicalize(link()).map_err(|e| sysfs_error(&e))?;
+        let device = self
+            .reads
+            .canonicalize(&link)
+            .map_err(|e| sysfs_error(&e))?;
         // A VFIO group node is a virtual device; its affinity is that of the group's functions.
-        let vfio = self.sys.join("devices/virtual/vfio");
+        let vfio = self.sys().join("devices/virtual/vfio");
         if device.parent() == Some(vfio.as_path()) {
             let group = device.file_name().unwrap_or_default();
             let members = self
-                .sys
+                .sys()
                 .join("kernel/iommu_groups")
                 .join(group)
                 .join("devices");
             let mut numa = BTreeSet::new();
-            for entry in std::fs::read_dir(&members).into_iter().flatten().flatten() {
-                if let Ok(function) = std::fs::canonicalize(entry.path()) {
+            for entry in self.reads.read_dir(&members).into_iter().flatten() {
+                if let Ok(function) = self.reads.canonicalize(&entry) {
                     numa.extend(self.walk_up(&function)?);
                 }
             }
@@ -229,11 +235,11 @@ impl Topology {
 
     /// The first hint from `dir` upwards, staying inside `<sys>/devices`.
     fn walk_up(&self, dir: &Path) -> Result<BTreeSet<u32>, TopologyError> {
-        let top = self.sys.join("devices");
+        let top = self.sys().join("devices");
         let mut here = Some(dir);
         while let Some(d) = here.filter(|d| d.starts_with(&top) && *d != top) {
-            let numa = read_numa(&d.join("numa_node"))?;
-            let cpus = read_trimmed(&d.join("local_cpulist"));
+            let numa = self.read_numa(&d.join("numa_node"))?;
+            let cpus = self.read_trimmed(&d.join("local_cpulist"));
             if numa.is_none() && cpus.is_empty() {
                 here = d.parent();
                 continue;
@@ -244,7 +250,7 @@ impl Topology {
             };
             let cpus_nearby = !cpus.is_empty()
                 || d.parent()
-                    .is_some_and(|p| !read_trimmed(&p.join("local_cpulist")).is_empty());
+                    .is_some_and(|p| !self.read_trimmed(&p.join("local_cpulist")).is_empty());
             // A NUMA value with no CPUs near it is a socket id, not a NUMA node.
             return Ok(if cpus_nearby {
                 BTreeSet::from([numa])
@@ -254,28 +260,29 @@ impl Topology {
         }
         Ok(BTreeSet::new())
     }
-}
 
-/// `numa_node`: None when missing, empty or -1 ("no affinity"); an error for anything else that
-/// is not a node id.
-fn read_numa(file: &Path) -> Result<Option<u32>, TopologyError> {
-    let value = read_trimmed(file);
-    if value.is_empty() || value == "-1" {
-        return Ok(None);
+    /// `numa_node`: None when missing, empty or -1 ("no affinity"); an error for anything else
+    /// that is not a node id.
+    fn read_numa(&self, file: &Path) -> Result<Option<u32>, TopologyError> {
+        let value = self.read_trimmed(file);
+        if value.is_empty() || value == "-1" {
+            return Ok(None);
+        }
+        value
+            .parse::<u32>()
+            .map(Some)
+            .map_err(|_| TopologyError::BadNumaNode {
+                file: file.to_path_buf(),
+                value,
+            })
     }
-    value
-        .parse::<u32>()
-        .map(Some)
-        .map_err(|_| TopologyError::BadNumaNode {
-            file: file.to_path_buf(),
-            value,
-        })
-}
 
-fn read_trimmed(file: &Path) -> String {
-    std::fs::read_to_string(file)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    fn read_trimmed(&self, file: &Path) -> String {
+        self.reads
+            .read_to_string(file)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

@@ -10,12 +10,15 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::sandbox::bindings::types as wit;
+use crate::bindings::types as wit;
+use wdp_kubelet::names::is_dev_type;
 
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Health {
+    /// Usable: kubelet may allocate it.
     Healthy,
+    /// Listed but not allocatable.
     Unhealthy,
 }
 
@@ -32,30 +35,41 @@ impl Health {
 /// A device node given to a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceSpec {
+    /// Where the container sees it.
     pub container_path: String,
+    /// The node on the host, under `/dev`.
     pub host_path: String,
+    /// cgroup access: a combination of `r`, `w`, `m`.
     pub permissions: String,
 }
 
 /// A bind mount given to a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Mount {
+    /// Where the container sees it.
     pub container_path: String,
+    /// The host path.
     pub host_path: String,
+    /// Mounted read-only.
     pub read_only: bool,
 }
 
 /// Everything needed to serve and allocate one device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeviceInfo {
+    /// Whether kubelet may allocate it.
     pub health: Health,
+    /// Device nodes given to a container.
     pub nodes: Vec<DeviceSpec>,
+    /// Bind mounts given to a container.
     pub mounts: Vec<Mount>,
     /// Sorted by key: env names are unique per device.
     pub envs: BTreeMap<String, String>,
+    /// Annotations, sorted by key.
     pub annotations: BTreeMap<String, String>,
     /// `None`: the guest left topology to the host.
     pub numa_nodes: Option<Vec<u32>>,
+    /// Fully qualified CDI device names.
     pub cdi_devices: Vec<String>,
 }
 
@@ -85,134 +99,229 @@ pub type DeviceGroup = BTreeMap<String, DeviceInfo>;
 #[serde(transparent)]
 pub struct DeviceTree(pub BTreeMap<String, DeviceGroup>);
 
-/// Why a guest's tree was refused. Each variant names the rule; the `value` is the offending input.
+/// Why what a guest returned was refused: a notified tree, or a hook's answer (post-allocate
+/// responses follow the same rules). Each variant names the rule; the `value` is the offending
+/// input.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TreeError {
+pub enum OutputError {
     #[error(
         "dev-type {value:?} is invalid: it must be 1-63 characters of [A-Za-z0-9-_.], starting and ending alphanumeric"
     )]
-    DevType { value: String },
+    /// A dev-type that is not a qualified name part.
+    DevType {
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("dev-type {value:?} appears more than once in one tree")]
-    DuplicateDevType { value: String },
+    /// A dev-type given twice.
+    DuplicateDevType {
+        /// The offending value, as given.
+        value: String,
+    },
     #[error(
         "device id {value:?} in dev-type {dev_type:?} is invalid: it must be 1-63 characters with no control characters"
     )]
-    DeviceId { dev_type: String, value: String },
+    /// A device id that is empty, too long or has control characters.
+    DeviceId {
+        /// The device type it is in.
+        dev_type: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("device id {value:?} appears more than once in dev-type {dev_type:?}")]
-    DuplicateDeviceId { dev_type: String, value: String },
+    /// A device id given twice in a group.
+    DuplicateDeviceId {
+        /// The device type it is in.
+        dev_type: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error(
         "{what} {value:?} of {owner} must be an absolute, normalised path (no '..', '.' or '//')"
     )]
+    /// A path that is not absolute and plain.
     Path {
+        /// Where the value is: the device or group, as the message names it.
         owner: String,
+        /// Which of the owner's values it is.
         what: &'static str,
+        /// The offending value, as given.
         value: String,
     },
     #[error("device node {value:?} of {owner} must be under /dev")]
-    NodeOutsideDev { owner: String, value: String },
-    #[error("permissions {value:?} of {owner} may only contain 'r', 'w' and 'm', each once")]
-    Permissions { owner: String, value: String },
-    #[error("env {value:?} of {owner} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")]
-    EnvName { owner: String, value: String },
-    #[error("{what} {value:?} of {owner} is set twice")]
-    DuplicateKey {
+    /// A device node outside `/dev`.
+    NodeOutsideDev {
+        /// Where the value is: the device or group, as the message names it.
         owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
+    #[error("permissions {value:?} of {owner} may only contain 'r', 'w' and 'm', each once")]
+    /// Permissions other than `r`, `w`, `m`.
+    Permissions {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
+    #[error("env {value:?} of {owner} is not a valid name ([A-Za-z_][A-Za-z0-9_]*)")]
+    /// An environment variable name that is not one.
+    EnvName {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
+    #[error("{what} {value:?} of {owner} is set twice")]
+    /// A key given twice.
+    DuplicateKey {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// Which of the owner's values it is.
         what: &'static str,
+        /// The offending value, as given.
         value: String,
     },
     #[error(
         "annotation key {value:?} of {owner} is not a Kubernetes annotation key ([prefix/]name: a DNS subdomain prefix of at most 253 characters, a name of 1-63 of [A-Za-z0-9-_.] starting and ending alphanumeric)"
     )]
-    AnnotationKey { owner: String, value: String },
+    /// An annotation key that is not a qualified name.
+    AnnotationKey {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("CDI device {value:?} of {owner} is not fully qualified (vendor.example/class=name)")]
-    CdiName { owner: String, value: String },
+    /// A CDI name that is not fully qualified.
+    CdiName {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("{count} device types; the policy allows at most {max}")]
-    TooManyTypes { count: usize, max: usize },
-    #[error("{count} devices in dev-type {dev_type:?}; the policy allows at most {max}")]
-    TooManyDevices {
-        dev_type: String,
+    /// More device types than the policy allows.
+    TooManyTypes {
+        /// How many types the tree has.
         count: usize,
+        /// The limit it exceeds.
+        max: usize,
+    },
+    #[error("{count} devices in dev-type {dev_type:?}; the policy allows at most {max}")]
+    /// More devices in a group than the policy allows.
+    TooManyDevices {
+        /// The device type it is in.
+        dev_type: String,
+        /// How many there are.
+        count: usize,
+        /// The limit it exceeds.
         max: usize,
     },
     #[error("a string of {owner} ({start:?}...) is {len} bytes; the policy allows at most {max}")]
+    /// A string longer than the policy allows.
     StringTooLong {
+        /// Where the value is: the device or group, as the message names it.
         owner: String,
+        /// The value's first characters.
         start: String,
+        /// Its length in bytes.
         len: usize,
+        /// The limit it exceeds.
         max: usize,
     },
     #[error("the strings of the tree exceed {max} bytes, the policy's limit")]
-    TreeTooLarge { max: usize },
+    /// A tree larger than the policy allows.
+    TreeTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
     #[error(
         "dev-type {value:?} is longer than {max} characters: its socket path would not fit (shorten the dev-type, the namespace or the plugin directory)"
     )]
-    DevTypeTooLong { value: String, max: usize },
-    #[error("device node {value:?} of {owner} does not exist in the dev root: {cause}")]
-    NodeMissing {
-        owner: String,
+    /// A dev-type too long for a socket path.
+    DevTypeTooLong {
+        /// The offending value, as given.
         value: String,
+        /// The longest that fits.
+        max: usize,
+    },
+    #[error("device node {value:?} of {owner} does not exist in the dev root: {cause}")]
+    /// A device node that does not exist in the dev root.
+    NodeMissing {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+        /// Why, in words.
         cause: String,
     },
     #[error(
         "mount of host path {value:?} by {owner} is not allowed: add it (or a parent) to the scanner's policy.allowed-mounts"
     )]
-    MountNotAllowed { owner: String, value: String },
+    /// A mount outside the allowed paths.
+    MountNotAllowed {
+        /// Where the value is: the device or group, as the message names it.
+        owner: String,
+        /// The offending value, as given.
+        value: String,
+    },
 }
 
-impl TreeError {
+impl OutputError {
     /// The rule that was broken, as a short stable name (for logs and counters).
     pub fn rule(&self) -> &'static str {
         match self {
-            TreeError::DevType { .. } => "dev-type",
-            TreeError::DuplicateDevType { .. } => "unique-dev-type",
-            TreeError::DeviceId { .. } => "device-id",
-            TreeError::DuplicateDeviceId { .. } => "unique-device-id",
-            TreeError::Path { .. } => "normalised-path",
-            TreeError::NodeOutsideDev { .. } => "node-under-dev",
-            TreeError::Permissions { .. } => "permissions",
-            TreeError::EnvName { .. } => "env-name",
-            TreeError::DuplicateKey { .. } => "unique-key",
-            TreeError::AnnotationKey { .. } => "annotation-key",
-            TreeError::CdiName { .. } => "cdi-name",
-            TreeError::TooManyTypes { .. } => "max-types",
-            TreeError::TooManyDevices { .. } => "max-devices-per-type",
-            TreeError::StringTooLong { .. } => "max-string-bytes",
-            TreeError::TreeTooLarge { .. } => "max-tree-bytes",
-            TreeError::DevTypeTooLong { .. } => "dev-type-length",
-            TreeError::NodeMissing { .. } => "node-exists",
-            TreeError::MountNotAllowed { .. } => "allowed-mounts",
+            OutputError::DevType { .. } => "dev-type",
+            OutputError::DuplicateDevType { .. } => "unique-dev-type",
+            OutputError::DeviceId { .. } => "device-id",
+            OutputError::DuplicateDeviceId { .. } => "unique-device-id",
+            OutputError::Path { .. } => "normalised-path",
+            OutputError::NodeOutsideDev { .. } => "node-under-dev",
+            OutputError::Permissions { .. } => "permissions",
+            OutputError::EnvName { .. } => "env-name",
+            OutputError::DuplicateKey { .. } => "unique-key",
+            OutputError::AnnotationKey { .. } => "annotation-key",
+            OutputError::CdiName { .. } => "cdi-name",
+            OutputError::TooManyTypes { .. } => "max-types",
+            OutputError::TooManyDevices { .. } => "max-devices-per-type",
+            OutputError::StringTooLong { .. } => "max-string-bytes",
+            OutputError::TreeTooLarge { .. } => "max-tree-bytes",
+            OutputError::DevTypeTooLong { .. } => "dev-type-length",
+            OutputError::NodeMissing { .. } => "node-exists",
+            OutputError::MountNotAllowed { .. } => "allowed-mounts",
         }
     }
 }
 
 impl DeviceTree {
     /// Validates and converts what a guest notified. The whole tree is refused on the first error.
-    pub fn from_guest(groups: Vec<wit::DeviceGroup>) -> Result<Self, TreeError> {
+    pub fn from_guest(groups: Vec<wit::DeviceGroup>) -> Result<Self, OutputError> {
         let mut tree = BTreeMap::new();
         for group in groups {
             if !is_dev_type(&group.dev_type) {
-                return Err(TreeError::DevType {
+                return Err(OutputError::DevType {
                     value: group.dev_type,
                 });
             }
             let mut devices = BTreeMap::new();
             for device in group.devices {
                 if !is_device_id(&device.id) {
-                    return Err(TreeError::DeviceId {
+                    return Err(OutputError::DeviceId {
                         dev_type: group.dev_type,
                         value: device.id,
                     });
                 }
                 let info = DeviceInfo::from_guest(&device.id, device.info)?;
                 if devices.insert(device.id.clone(), info).is_some() {
-                    return Err(TreeError::DuplicateDeviceId {
+                    return Err(OutputError::DuplicateDeviceId {
                         dev_type: group.dev_type,
                         value: device.id,
                     });
                 }
             }
             if tree.contains_key(&group.dev_type) {
-                return Err(TreeError::DuplicateDevType {
+                return Err(OutputError::DuplicateDevType {
                     value: group.dev_type,
                 });
             }
@@ -228,7 +337,7 @@ impl DeviceTree {
 }
 
 impl DeviceInfo {
-    fn from_guest(id: &str, info: wit::DeviceInfo) -> Result<Self, TreeError> {
+    fn from_guest(id: &str, info: wit::DeviceInfo) -> Result<Self, OutputError> {
         let owner = format!("device {id:?}");
         let numa_nodes = info.numa_nodes.map(|mut n| {
             n.sort_unstable();
@@ -254,20 +363,20 @@ impl DeviceInfo {
 pub(crate) fn check_nodes(
     owner: &str,
     nodes: Vec<wit::DeviceSpec>,
-) -> Result<Vec<DeviceSpec>, TreeError> {
+) -> Result<Vec<DeviceSpec>, OutputError> {
     nodes
         .into_iter()
         .map(|node| {
             check_path(owner, "container path", &node.container_path)?;
             check_path(owner, "host path", &node.host_path)?;
             if node.host_path != "/dev" && !node.host_path.starts_with("/dev/") {
-                return Err(TreeError::NodeOutsideDev {
+                return Err(OutputError::NodeOutsideDev {
                     owner: owner.into(),
                     value: node.host_path,
                 });
             }
             if !is_permissions(&node.permissions) {
-                return Err(TreeError::Permissions {
+                return Err(OutputError::Permissions {
                     owner: owner.into(),
                     value: node.permissions,
                 });
@@ -282,7 +391,10 @@ pub(crate) fn check_nodes(
 }
 
 /// Mounts: normalised absolute paths on both sides.
-pub(crate) fn check_mounts(owner: &str, mounts: Vec<wit::Mount>) -> Result<Vec<Mount>, TreeError> {
+pub(crate) fn check_mounts(
+    owner: &str,
+    mounts: Vec<wit::Mount>,
+) -> Result<Vec<Mount>, OutputError> {
     mounts
         .into_iter()
         .map(|mount| {
@@ -301,17 +413,17 @@ pub(crate) fn check_mounts(owner: &str, mounts: Vec<wit::Mount>) -> Result<Vec<M
 pub(crate) fn check_envs(
     owner: &str,
     envs: Vec<(String, String)>,
-) -> Result<BTreeMap<String, String>, TreeError> {
+) -> Result<BTreeMap<String, String>, OutputError> {
     let mut out = BTreeMap::new();
     for (key, value) in envs {
         if !is_env_name(&key) {
-            return Err(TreeError::EnvName {
+            return Err(OutputError::EnvName {
                 owner: owner.into(),
                 value: key,
             });
         }
         if out.insert(key.clone(), value).is_some() {
-            return Err(TreeError::DuplicateKey {
+            return Err(OutputError::DuplicateKey {
                 owner: owner.into(),
                 what: "env",
                 value: key,
@@ -325,17 +437,17 @@ pub(crate) fn check_envs(
 pub(crate) fn check_annotations(
     owner: &str,
     annotations: Vec<(String, String)>,
-) -> Result<BTreeMap<String, String>, TreeError> {
+) -> Result<BTreeMap<String, String>, OutputError> {
     let mut out = BTreeMap::new();
     for (key, value) in annotations {
         if !is_annotation_key(&key) {
-            return Err(TreeError::AnnotationKey {
+            return Err(OutputError::AnnotationKey {
                 owner: owner.into(),
                 value: key,
             });
         }
         if out.insert(key.clone(), value).is_some() {
-            return Err(TreeError::DuplicateKey {
+            return Err(OutputError::DuplicateKey {
                 owner: owner.into(),
                 what: "annotation",
                 value: key,
@@ -346,9 +458,9 @@ pub(crate) fn check_annotations(
 }
 
 /// CDI device names: fully qualified.
-pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<String>, TreeError> {
+pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<String>, OutputError> {
     if let Some(bad) = names.iter().find(|n| !is_cdi_name(n)) {
-        return Err(TreeError::CdiName {
+        return Err(OutputError::CdiName {
             owner: owner.into(),
             value: bad.clone(),
         });
@@ -356,11 +468,11 @@ pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<Str
     Ok(names)
 }
 
-fn check_path(owner: &str, what: &'static str, path: &str) -> Result<(), TreeError> {
+fn check_path(owner: &str, what: &'static str, path: &str) -> Result<(), OutputError> {
     if is_normal_absolute_path(path) {
         Ok(())
     } else {
-        Err(TreeError::Path {
+        Err(OutputError::Path {
             owner: owner.to_string(),
             what,
             value: path.to_string(),
@@ -382,11 +494,6 @@ pub fn is_normal_absolute_path(path: &str) -> bool {
             .all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
-/// The name part of a Kubernetes extended resource name (kubelet's `IsQualifiedName`).
-pub(crate) fn is_dev_type(s: &str) -> bool {
-    crate::kubelet::names::check_name_part(s).is_ok()
-}
-
 /// kubelet documents a 63 character limit for device ids and uses them only as keys (maps, its
 /// checkpoint's JSON), so any printable text fits: Intel's DLB plugin uses node paths
 /// (`/dev/dlb0`). Control characters are refused because ids end up in logs and `wdp status`.
@@ -398,7 +505,7 @@ fn is_device_id(s: &str) -> bool {
 
 /// A DNS subdomain as Kubernetes checks one (apimachinery's `IsDNS1123Subdomain`).
 pub(crate) fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && crate::kubelet::names::is_dns1123_subdomain(s)
+    !s.is_empty() && wdp_kubelet::names::is_dns1123_subdomain(s)
 }
 
 /// Kubernetes' annotation key rule (`IsQualifiedName`): `[prefix/]name`.
@@ -435,7 +542,7 @@ pub(crate) fn is_env_name(s: &str) -> bool {
 /// specification: vendor and class start with a letter, the name with a letter or digit, all
 /// three end with a letter or digit; vendor and class may hold `-_.`, name `-_.:`.
 pub(crate) fn is_cdi_name(s: &str) -> bool {
-    crate::cdi::version::is_qualified_name(s)
+    crate::cdi_version::is_qualified_name(s)
 }
 
 #[cfg(test)]

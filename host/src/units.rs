@@ -8,9 +8,17 @@ pub enum UnitError {
     #[error(
         "{value:?} is not a memory size: use bytes or a number with Ki, Mi, Gi (or K, M, G), e.g. 64Mi"
     )]
-    Size { value: String },
+    /// Not a size (`64Mi`, `512M`, bytes).
+    Size {
+        /// The offending value, as given.
+        value: String,
+    },
     #[error("{value:?} is not a duration: use a number with a unit, e.g. 500ms, 5s, 1m")]
-    Duration { value: String },
+    /// Not a duration (`5s`, `500ms`).
+    Duration {
+        /// The offending value, as given.
+        value: String,
+    },
 }
 
 /// Parses a Kubernetes-style memory quantity ("64Mi", "1G", "4096") into bytes.

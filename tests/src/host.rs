@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-use wdp::kubelet::api;
-use wdp::kubelet::standin::{CurrentStreams, Observed, StandIn};
+use wdp_kubelet::api;
+use wdp_kubelet::standin::{CurrentStreams, Observed, StandIn};
 
 use crate::fixture::Fixture;
 

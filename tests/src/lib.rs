@@ -97,7 +97,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
-use wdp::sandbox::{GuestLimits, GuestSpec, Sandbox};
+use wdp::sandbox::{Guest, GuestLimits, Sandbox};
 use wdp::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use wdp::tree::DeviceTree;
 
@@ -180,15 +180,16 @@ pub async fn run_guest(
 ) -> Running {
     let component = sandbox.load(&guest(file)).await.expect("load guest");
     let scanner = Scanner {
-        spec: GuestSpec {
+        guest: Guest {
             limits,
-            ..GuestSpec::new(
+            ..Guest::new(
                 file,
                 env.iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
             )
         },
+        policy: Default::default(),
         pre: component.scanner().expect("guest exports scanner"),
     };
     let (tx, events) = mpsc::channel(16);
@@ -282,7 +283,7 @@ pub fn kernel_uevent() {
 
 /// One container's device specs from an Allocate answer, as `(host path, container path,
 /// permissions)` in answer order: what Allocate tests compare.
-pub fn node_specs(c: &wdp::kubelet::api::ContainerAllocateResponse) -> Vec<(&str, &str, &str)> {
+pub fn node_specs(c: &wdp_kubelet::api::ContainerAllocateResponse) -> Vec<(&str, &str, &str)> {
     c.devices
         .iter()
         .map(|d| {

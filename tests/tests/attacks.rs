@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wdp::metrics::ScannerMetrics;
-use wdp::sandbox::{GuestLimits, GuestSpec};
+use wdp::sandbox::{Guest, GuestLimits};
 use wdp::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use wdp_tests::fixture::Fixture;
 use wdp_tests::{guest, healthy_kvm, ids, run_guest, sandbox};
@@ -56,14 +56,14 @@ async fn every_bad_tree_is_refused_by_its_rule() {
     let component = sandbox.load(&guest("hostile")).await.unwrap();
     for (kind, rule) in BAD_TREES {
         let metrics = Arc::new(ScannerMetrics::default());
-        let spec = GuestSpec {
+        let spec = Guest {
             // Room for the giant trees to be built: the policy, not the memory cap, must stop them.
             limits: GuestLimits {
                 memory: 512 << 20,
                 call_timeout: Duration::from_secs(10),
             },
             metrics: metrics.clone(),
-            ..GuestSpec::new(
+            ..Guest::new(
                 &format!("hostile-{kind}"),
                 vec![
                     ("ATTACK".into(), "bad-tree".into()),
@@ -72,7 +72,8 @@ async fn every_bad_tree_is_refused_by_its_rule() {
             )
         };
         let scanner = Scanner {
-            spec,
+            guest: spec,
+            policy: Default::default(),
             pre: component.scanner().unwrap(),
         };
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);

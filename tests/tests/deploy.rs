@@ -31,7 +31,7 @@ use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
-use wdp::kubelet::standin::StandIn;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::eventually;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen, sockets};
@@ -655,7 +655,7 @@ fn the_paths_wdp_uses_are_on_the_right_mounts() {
     let plugins = flag(&flags, "--plugin-dir");
     let (m, v) = mount_of(&ds, plugins);
     assert_eq!(m.mount_path, plugins);
-    assert_eq!(host_path(v), Some(wdp::kubelet::DEFAULT_PLUGIN_DIR));
+    assert_eq!(host_path(v), Some(wdp_kubelet::DEFAULT_PLUGIN_DIR));
     assert!(writable(m));
 
     // The caches: on the writable emptyDir.

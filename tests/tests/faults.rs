@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use wdp::kubelet::api::Empty;
-use wdp::kubelet::standin::StandIn;
+use wdp_kubelet::api::Empty;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen, serve};

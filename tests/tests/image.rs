@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_yaml_ng::Value;
-use wdp::kubelet::standin::StandIn;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Seen, sockets};
 use wdp_tests::podman::{Podman, RUN_LIMITS};

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tonic::Code;
-use wdp::kubelet::standin::StandIn;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen, serve, sockets};
@@ -199,7 +199,7 @@ async fn post_allocate_hooks_rewrite_fail_and_time_out_cleanly() {
     assert!(!options.get_preferred_allocation_available && !options.pre_start_required);
     let mut client = kubelet.client("qat.example.com/generic").unwrap();
     let e = client
-        .get_preferred_allocation(wdp::kubelet::api::PreferredAllocationRequest::default())
+        .get_preferred_allocation(wdp_kubelet::api::PreferredAllocationRequest::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
@@ -232,8 +232,8 @@ async fn preferred_allocation_and_pre_start_are_served_when_exported() {
 
     let mut client = kubelet.client("gpu.example.com/gpu").unwrap();
     let request =
-        |available: &[&str], must: &[&str], size| wdp::kubelet::api::PreferredAllocationRequest {
-            container_requests: vec![wdp::kubelet::api::ContainerPreferredAllocationRequest {
+        |available: &[&str], must: &[&str], size| wdp_kubelet::api::PreferredAllocationRequest {
+            container_requests: vec![wdp_kubelet::api::ContainerPreferredAllocationRequest {
                 available_device_i_ds: available.iter().map(|s| s.to_string()).collect(),
                 must_include_device_i_ds: must.iter().map(|s| s.to_string()).collect(),
                 allocation_size: size,
@@ -254,7 +254,7 @@ async fn preferred_allocation_and_pre_start_are_served_when_exported() {
     assert!(r.container_responses[0].device_i_ds.is_empty());
     assert!(host.log().contains("only 1 available"), "{}", host.log());
 
-    let pre_start = |ids: &[&str]| wdp::kubelet::api::PreStartContainerRequest {
+    let pre_start = |ids: &[&str]| wdp_kubelet::api::PreStartContainerRequest {
         devices_ids: ids.iter().map(|s| s.to_string()).collect(),
     };
     client
@@ -440,10 +440,10 @@ async fn bad_config_fails_before_anything_starts() {
 mod manager {
     use super::*;
     use std::sync::Arc;
-    use wdp::kubelet::dir::PluginDir;
     use wdp::manager::{Claims, Manager};
-    use wdp::server::Kubelet;
+    use wdp::server::PluginSockets;
     use wdp::tree::{DeviceInfo, DeviceTree};
+    use wdp_kubelet::dir::PluginDir;
 
     fn tree(types: &[&str]) -> DeviceTree {
         let info = DeviceInfo::default();
@@ -455,8 +455,8 @@ mod manager {
         )
     }
 
-    fn kubelet(dir: &Path) -> Arc<Kubelet> {
-        Arc::new(Kubelet {
+    fn kubelet(dir: &Path) -> Arc<PluginSockets> {
+        Arc::new(PluginSockets {
             dir: PluginDir::watch(dir).unwrap(),
             socket: dir.join("kubelet.sock"),
         })
@@ -522,7 +522,7 @@ mod manager {
         let mut m = Manager::new("t".into(), long_ns, k, None, Arc::default());
         m.apply(&tree(&[&"b".repeat(60)]));
         assert!(m.served().is_empty());
-        let e = wdp::server::Resource::new("ns.example.com", &"b".repeat(120), &plugins)
+        let e = wdp_kubelet::names::Resource::new("ns.example.com", &"b".repeat(120), &plugins)
             .unwrap_err()
             .to_string();
         assert!(e.contains("Unix sockets allow 107"), "{e}");

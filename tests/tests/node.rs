@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tonic::Code;
-use wdp::kubelet::api;
+use wdp_kubelet::api;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::serve;
@@ -320,7 +320,7 @@ async fn a_lost_stream_is_registered_again_and_a_crashed_kubelet_is_followed() {
         plugins.join("kubelet.sock").exists(),
         "a crash leaves the socket"
     );
-    let (kubelet, observed) = wdp::kubelet::standin::StandIn::start(&plugins).unwrap();
+    let (kubelet, observed) = wdp_kubelet::standin::StandIn::start(&plugins).unwrap();
     let mut seen = wdp_tests::host::Seen::new(observed);
     seen.devices(kvm, &["kvm-0"]).await;
     kubelet.allocate(kvm, &["kvm-0"]).await.unwrap();
@@ -342,7 +342,7 @@ async fn a_plugin_directory_removed_and_created_again_is_served_again() {
     kubelet.stop().await;
     for round in 0..2 {
         kubelet_gone(&plugins, &f.path().join(format!("removed-{round}")));
-        let (kubelet, observed) = wdp::kubelet::standin::StandIn::start(&plugins).unwrap();
+        let (kubelet, observed) = wdp_kubelet::standin::StandIn::start(&plugins).unwrap();
         let mut seen = wdp_tests::host::Seen::new(observed);
         seen.devices(kvm, &["kvm-0"]).await;
         kubelet.allocate(kvm, &["kvm-0"]).await.unwrap();
@@ -420,7 +420,7 @@ async fn containers_restart_from_kubelets_checkpoint_while_wdp_is_away() {
 
     // kubelet crashes and comes back while wdp is away: only sockets were removed.
     kubelet.crash().await;
-    let (kubelet, observed) = wdp::kubelet::standin::StandIn::start(&plugins).unwrap();
+    let (kubelet, observed) = wdp_kubelet::standin::StandIn::start(&plugins).unwrap();
     assert!(plugins.join("kubelet_internal_checkpoint").exists());
     let restarted = kubelet.start_container("pod-1", "app", kvm).await.unwrap();
     assert_eq!(restarted, admitted);

@@ -131,7 +131,7 @@ async fn push_pull_run_and_survive_the_registry_going_down() {
     let host = wdp_tests::host::Host::start(&cfg, &plugins, &f);
     let (kubelet2, seen2) = {
         kubelet.stop().await;
-        wdp::kubelet::standin::StandIn::start(&plugins).unwrap()
+        wdp_kubelet::standin::StandIn::start(&plugins).unwrap()
     };
     wdp_tests::host::Seen::new(seen2)
         .devices("devices.example.com/kvm", &["kvm-0"])

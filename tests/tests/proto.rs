@@ -1,4 +1,4 @@
-//! The kubelet API checked in as `host/src/kubelet/v1beta1.rs` is exactly what prost and tonic
+//! The kubelet API checked in as `crates/kubelet/src/v1beta1.rs` is exactly what prost and tonic
 //! generate from `proto/deviceplugin.proto` with the versions in Cargo.lock. `make proto` (this
 //! test with `WDP_WRITE_GENERATED=1`) rewrites the file after a change to the proto or an upgrade.
 
@@ -10,7 +10,7 @@ fn checked_in_kubelet_api_is_what_the_proto_generates() {
         .parent()
         .expect("tests/ is inside the workspace");
     let proto_dir = root.join("proto");
-    let checked_in = root.join("host/src/kubelet/v1beta1.rs");
+    let checked_in = root.join("crates/kubelet/src/v1beta1.rs");
 
     let descriptors = protox::compile([proto_dir.join("deviceplugin.proto")], [&proto_dir])
         .expect("compile proto/deviceplugin.proto");

@@ -455,7 +455,7 @@ async fn two_scanners_swap_resources_in_one_reload() {
     .await;
     // Each resource now carries the other scanner's devices (asked through the registration
     // kubelet holds now: stream events of the old and the new server may interleave).
-    let node = |r: wdp::kubelet::api::AllocateResponse| {
+    let node = |r: wdp_kubelet::api::AllocateResponse| {
         r.container_responses[0].devices[0].host_path.clone()
     };
     let r = kubelet

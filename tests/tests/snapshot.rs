@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
+use wdp::hostfs::resolve::Kind;
 use wdp::snapshot::archive::{self, Snapshot};
 use wdp::snapshot::record::{Entry, Recording};
-use wdp::snapshot::resolve::Kind;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::{guest, json_lines, wdp};
 

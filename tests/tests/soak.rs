@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use wdp::kubelet::standin::StandIn;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen};

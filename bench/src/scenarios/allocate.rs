@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use wdp::kubelet::api;
 use wdp_bench::fixtures::{BenchFixture, generic_devices, scanner_yaml, write_config};
+use wdp_kubelet::api;
 
 use super::shared::{Ctx, expect, guest, us};
 use super::sizes::Sizes;

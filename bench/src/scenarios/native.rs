@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use tokio::sync::mpsc;
+use wdp::hostfs::DevFs;
 use wdp::policy::Policy;
-use wdp::sandbox::devfs::DevFs;
 use wdp::sandbox::watch::ChangeWatcher;
-use wdp::sandbox::{GuestSpec, Roots, Sandbox};
-use wdp::scanner::ScannerEvent;
+use wdp::sandbox::{Guest, Roots, Sandbox, TreeSink};
+use wdp::scanner::{EventSink, Scanner, ScannerEvent};
 use wdp::topology::Topology;
 use wdp_bench::fixtures::{self, BenchFixture, Fixture};
 use wdp_bench::stats::{Summary, human};
@@ -71,29 +71,37 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     })?;
     let component = sandbox.load(&guest("generic")).await?;
     let pre = component.scanner()?;
-    let spec = GuestSpec {
-        policy,
-        ..GuestSpec::new(
+    let scanner = Scanner {
+        guest: Guest::new(
             "generic",
             vec![
                 ("DEVICES".into(), devices.clone()),
                 ("RESCAN_INTERVAL_MS".into(), "600000".into()),
             ],
-        )
+        ),
+        policy,
+        pre,
+    };
+    let topology = Arc::new(Topology::new(&f.sys()));
+    let sink = |tx| -> Box<dyn TreeSink> {
+        Box::new(EventSink::for_scanner(
+            &sandbox,
+            &scanner,
+            topology.clone(),
+            tx,
+        ))
     };
     // Cold: a fresh instance's first scan, from the end of instantiation to the validated tree.
     let mut cold = Vec::new();
     let mut instantiate = Vec::new();
     for _ in 0..sizes.wasm_cold {
         let (tx, mut rx) = mpsc::channel(4);
-        let mut store = sandbox.store(&spec, Some(tx))?;
-        let running = sandbox.clock().running();
+        let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
         let t_inst = Instant::now();
-        let plugin = pre.instantiate_async(&mut store).await?;
+        let plugin = scanner.pre.instantiate_async(&mut store).await?;
         let t0 = Instant::now();
         instantiate.push(t0 - t_inst);
         let task = tokio::spawn(async move {
-            let _running = running;
             plugin
                 .wdp_device_plugin_scanner()
                 .call_scan(&mut store)
@@ -113,11 +121,9 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     let watcher = ChangeWatcher::start(&f.dev(), &f.sys());
     let mut woke = watcher.subscribe();
     let (tx, mut rx) = mpsc::channel(4);
-    let mut store = sandbox.store(&spec, Some(tx))?;
-    let running = sandbox.clock().running();
-    let plugin = pre.instantiate_async(&mut store).await?;
+    let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
+    let plugin = scanner.pre.instantiate_async(&mut store).await?;
     let task = tokio::spawn(async move {
-        let _running = running;
         plugin
             .wdp_device_plugin_scanner()
             .call_scan(&mut store)

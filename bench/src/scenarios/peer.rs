@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, ensure};
 use tokio::process::Command;
-use wdp::kubelet::api;
-use wdp::kubelet::standin::StandIn;
 use wdp_bench::fixtures::{BenchFixture, generic_devices, repo_root, scanner_yaml, write_config};
 use wdp_bench::procfs::Memory;
 use wdp_bench::stats::{Summary, human};
+use wdp_kubelet::api;
+use wdp_kubelet::standin::StandIn;
 use wdp_tests::host::{Host, Seen};
 
 use super::shared::{Ctx, expect, expect_quiet, guest, ms};

@@ -30,7 +30,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
         kubelet.stop().await;
         let t0 = Instant::now();
         // StandIn::start deletes every socket in the directory first, as kubelet does.
-        let (k, rx) = wdp::kubelet::standin::StandIn::start(&dir)?;
+        let (k, rx) = wdp_kubelet::standin::StandIn::start(&dir)?;
         kubelet = k;
         obs.replace(rx);
         let t_reg = expect(&mut obs, &host, "all registered", ms(20_000), |o| {

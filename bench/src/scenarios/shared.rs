@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use wdp::kubelet::standin::StandIn;
 use wdp_bench::fixtures::{BenchFixture, Fixture, demo_fixture, demo_resources};
+use wdp_kubelet::standin::StandIn;
 
 use wdp_tests::host::{Host, Launch, Seen};
 

@@ -7,13 +7,13 @@
 //! not have is refused (specs are decoded strictly), names follow the version's grammar, every
 //! device has edits, `env` entries are `NAME=value`, node types and permissions are from their
 //! sets, hooks have known names, and the declared version is at least what the content needs
-//! ([`super::version::minimum`]).
+//! ([`crate::cdi_version::minimum`]).
 
 use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
-use super::version::{
+use crate::cdi_version::{
     CdiVersion, Object, class_ok, device_name_ok, field_since, minimum, vendor_ok,
 };
 
@@ -21,34 +21,64 @@ use super::version::{
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchemaError {
     #[error("cdiVersion {0:?} is not a released CDI version (0.3.0 to 1.1.0)")]
+    /// `cdiVersion` names no released version.
     UnknownVersion(String),
     #[error("{at}: {field:?} is not a field of a CDI {object}")]
+    /// A field no CDI version has.
     UnknownField {
+        /// Where, as a JSON path (`devices[1].containerEdits`).
         at: String,
+        /// The kind of object it is in.
         object: &'static str,
+        /// The field's name.
         field: String,
     },
     #[error("{at}: {field:?} came in CDI {since}, the spec declares {declared}")]
+    /// A field newer than the declared version.
     FieldTooNew {
+        /// Where, as a JSON path (`devices[1].containerEdits`).
         at: String,
+        /// The field's name.
         field: String,
+        /// The first version with the field.
         since: CdiVersion,
+        /// The version the spec declares.
         declared: CdiVersion,
     },
     #[error("{at}: the required field {field:?} is missing")]
-    Missing { at: String, field: &'static str },
-    #[error("{at}: expected {expected}")]
-    Type { at: String, expected: &'static str },
-    #[error("{at}: {value:?} is not valid in CDI {declared}: {rule}")]
-    Invalid {
+    /// A required field is missing.
+    Missing {
+        /// Where, as a JSON path (`devices[1].containerEdits`).
         at: String,
+        /// The field's name.
+        field: &'static str,
+    },
+    #[error("{at}: expected {expected}")]
+    /// A field of the wrong JSON type.
+    Type {
+        /// Where, as a JSON path (`devices[1].containerEdits`).
+        at: String,
+        /// The JSON type expected.
+        expected: &'static str,
+    },
+    #[error("{at}: {value:?} is not valid in CDI {declared}: {rule}")]
+    /// A value the declared version's rules refuse.
+    Invalid {
+        /// Where, as a JSON path (`devices[1].containerEdits`).
+        at: String,
+        /// The offending value, as given.
         value: String,
+        /// The version the spec declares.
         declared: CdiVersion,
+        /// The rule it breaks.
         rule: &'static str,
     },
     #[error("the content needs CDI {needs}, the spec declares {declared}")]
+    /// The declared version is lower than the content needs.
     VersionTooLow {
+        /// The version the spec declares.
         declared: CdiVersion,
+        /// The lowest version its content needs.
         needs: CdiVersion,
     },
 }

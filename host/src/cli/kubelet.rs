@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::kubelet::api;
-use crate::kubelet::standin::{Observed, StandIn};
+use wdp_kubelet::api;
+use wdp_kubelet::standin::{Observed, StandIn};
 
 /// A kubelet stand-in for demos and experiments; never for production.
 ///

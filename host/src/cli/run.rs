@@ -16,13 +16,13 @@ use self::prepare::Plan;
 use self::watch::ConfigWatch;
 use crate::config::{self, Config, ConfigError};
 use crate::fleet::Fleet;
-use crate::kubelet::dir::PluginDir;
-use crate::kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 use crate::manager::Claims;
 use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{Roots, Sandbox};
-use crate::server::Kubelet;
+use crate::server::PluginSockets;
 use crate::status::Observability;
+use wdp_kubelet::dir::PluginDir;
+use wdp_kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 
 /// Run the configured scanners and serve their devices to kubelet.
 ///
@@ -109,7 +109,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             args.plugin_dir.display()
         )
     })?;
-    let kubelet = Arc::new(Kubelet {
+    let kubelet = Arc::new(PluginSockets {
         dir,
         socket: kubelet_socket,
     });

@@ -10,10 +10,10 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tokio::sync::mpsc;
 
+use crate::hostfs::DevFs;
 use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::devfs::DevFs;
-use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
+use crate::sandbox::{Guest, GuestLimits, Roots, Sandbox, SandboxOptions};
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use crate::snapshot::{archive, tree_diff};
 use crate::tree::DeviceTree;
@@ -123,22 +123,24 @@ impl GuestArgs {
         }
     }
 
-    /// The guest's spec with `env`, allowed mounts, and the command line's limits over `base`.
+    /// The guest's spec with `env` and the command line's limits over `base`, and a policy
+    /// allowing `allow_mount`.
     pub fn spec(
         &self,
         name: &str,
         env: Vec<(String, String)>,
         allow_mount: Vec<String>,
         base: GuestLimits,
-    ) -> GuestSpec {
-        GuestSpec {
+    ) -> (Guest, Arc<Policy>) {
+        let spec = Guest {
             limits: self.limits(base),
-            policy: Arc::new(Policy {
-                allowed_mounts: allow_mount,
-                ..Policy::default()
-            }),
-            ..GuestSpec::new(name, env)
-        }
+            ..Guest::new(name, env)
+        };
+        let policy = Arc::new(Policy {
+            allowed_mounts: allow_mount,
+            ..Policy::default()
+        });
+        (spec, policy)
     }
 }
 
@@ -177,13 +179,15 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
         g.compile_cache.clone().map(CompileCache::new),
     )?;
     let pre = sandbox.load(component).await?.scanner()?;
+    let (spec, policy) = g.spec(
+        &name,
+        g.env.clone(),
+        g.allow_mount.clone(),
+        GuestLimits::default(),
+    );
     let scanner = Scanner {
-        spec: g.spec(
-            &name,
-            g.env.clone(),
-            g.allow_mount.clone(),
-            GuestLimits::default(),
-        ),
+        guest: spec,
+        policy,
         pre,
     };
     let (tx, mut rx) = mpsc::channel(16);
@@ -271,7 +275,7 @@ pub async fn first_tree(
     sandbox: Arc<Sandbox>,
     scanner: Scanner,
 ) -> Result<Arc<DeviceTree>, String> {
-    let name = scanner.spec.name.clone();
+    let name = scanner.guest.name.clone();
     let (tx, mut rx) = mpsc::channel(16);
     let task = tokio::spawn(supervise(sandbox, scanner, RestartPolicy::Never, tx));
     let event = rx.recv().await;
@@ -353,13 +357,15 @@ async fn replay(args: &ScanArgs, path: &Path) -> anyhow::Result<ExitCode> {
         },
     )?;
     let pre = sandbox.load(&component).await?.scanner()?;
+    let (spec, policy) = g.spec(
+        &name,
+        env,
+        allow_mount,
+        m.limits.map(GuestLimits::from).unwrap_or_default(),
+    );
     let scanner = Scanner {
-        spec: g.spec(
-            &name,
-            env,
-            allow_mount,
-            m.limits.map(GuestLimits::from).unwrap_or_default(),
-        ),
+        guest: spec,
+        policy,
         pre,
     };
     let outcome = first_tree(sandbox, scanner).await;

@@ -11,11 +11,12 @@ use clap::Args;
 
 use super::scan::{GuestArgs, first_tree, sha256_hex};
 use crate::config::{self, ComponentSource};
+use crate::hostfs::record::Recorder;
+use crate::policy::Policy;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::{GuestLimits, GuestSpec, Roots, Sandbox, SandboxOptions};
+use crate::sandbox::{Guest, GuestLimits, Roots, Sandbox, SandboxOptions};
 use crate::scanner::Scanner;
 use crate::snapshot::manifest::{FORMAT, Manifest};
-use crate::snapshot::record::Recorder;
 use crate::snapshot::{archive, redact};
 use crate::tree::DeviceTree;
 
@@ -75,7 +76,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     let g = &args.guest;
-    let (component_path, spec) = match (&args.config, &args.scanner, &args.component) {
+    let (component_path, (spec, policy)) = match (&args.config, &args.scanner, &args.component) {
         (Some(config), Some(scanner), _) => from_config(config, scanner, g)?,
         (_, _, Some(component)) => {
             let name = g.name(component);
@@ -116,9 +117,13 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     )?;
     let pre = sandbox.load(&component_path).await?.scanner()?;
     let env = spec.env.clone();
-    let allow_mount = spec.policy.allowed_mounts.clone();
+    let allow_mount = policy.allowed_mounts.clone();
     let limits = spec.limits;
-    let scanner = Scanner { spec, pre };
+    let scanner = Scanner {
+        guest: spec,
+        policy,
+        pre,
+    };
     let outcome = tokio::time::timeout(args.timeout, first_tree(sandbox, scanner))
         .await
         .map_err(|_| {
@@ -136,7 +141,7 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
             (empty, Some(e))
         }
     };
-    let mut recording = recorder.finish(&tree);
+    let mut recording = recorder.finish();
     let replacements = redact::redact_files(&mut recording, &args.redact);
     let counts = archive::counts(&recording);
     let now = SystemTime::now();
@@ -225,7 +230,11 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
 
 /// The component and guest spec of scanner `name` in the config file at `path`, with the
 /// command line's --env (replacing a configured value of the same key) and --allow-mount added.
-fn from_config(path: &Path, name: &str, g: &GuestArgs) -> anyhow::Result<(PathBuf, GuestSpec)> {
+fn from_config(
+    path: &Path,
+    name: &str,
+    g: &GuestArgs,
+) -> anyhow::Result<(PathBuf, (Guest, Arc<Policy>))> {
     let config = config::load(path)?;
     let Some(scanner) = config.scanners.into_iter().find(|s| s.name == name) else {
         anyhow::bail!("{} has no scanner named {name:?}", path.display());
@@ -244,10 +253,9 @@ fn from_config(path: &Path, name: &str, g: &GuestArgs) -> anyhow::Result<(PathBu
     }
     let mut policy = scanner.policy;
     policy.allowed_mounts.extend(g.allow_mount.iter().cloned());
-    let spec = GuestSpec {
+    let spec = Guest {
         limits: g.limits(scanner.limits),
-        policy: Arc::new(policy),
-        ..GuestSpec::new(name, env)
+        ..Guest::new(name, env)
     };
-    Ok((component, spec))
+    Ok((component, (spec, Arc::new(policy))))
 }

@@ -31,7 +31,8 @@ pub struct Clock {
     woken: Condvar,
 }
 
-/// A guest is running while this lives (see [`Clock::running`]).
+/// A guest is running while this lives. Every store holds one (`Sandbox::store`), so a guest
+/// can execute only while its CPU budget is enforced.
 #[must_use]
 pub struct Running(Arc<Clock>);
 
@@ -52,8 +53,9 @@ impl Drop for Waiting {
 }
 
 impl Clock {
-    /// Marks a guest as running until the guard drops (also on cancellation).
-    pub fn running(self: &Arc<Self>) -> Running {
+    /// Marks a guest as running until the guard drops (also on cancellation). Only a store
+    /// takes it (`Sandbox::store`), so running a guest and enforcing its limits go together.
+    pub(crate) fn running(self: &Arc<Self>) -> Running {
         self.start();
         Running(self.clone())
     }

@@ -3,19 +3,18 @@
 //! What a guest gets, and nothing more:
 //! - `/sys`: the host's sys root as a read-only WASI preopen (the whole tree, because sysfs links
 //!   are relative and would otherwise point outside the preopen);
-//! - `/dev`: metadata only, through the `devfs` import ([`devfs`]);
+//! - `/dev`: metadata only, through the `devfs` import ([`crate::hostfs`]);
 //! - the environment variables its configuration names, no arguments, no stdin, no network;
 //! - stdout/stderr as rate-limited log lines ([`output`]);
 //! - a memory cap, a CPU budget enforced with epoch interruption, and a deadline on hook calls.
 
-pub mod bindings;
 pub mod compile_cache;
-pub mod devfs;
 mod engine;
 mod limits;
 mod open_guard;
 pub mod output;
 mod recording;
+mod sink;
 mod state;
 pub mod uevent;
 pub mod watch;
@@ -24,20 +23,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
 pub use engine::{Clock, Running, TICK};
-pub use state::{CpuBudget, GuestState, Stopped};
+pub use sink::{SinkClosed, TreeSink};
+pub use state::{CpuBudget, GuestState, Stopped, describe};
 
-use self::devfs::DevFs;
 use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
+use crate::bindings;
+use crate::hostfs::DevFs;
+use crate::hostfs::sys::{RecordedSys, SysDir, SysReads};
 use crate::metrics::ScannerMetrics;
-use crate::policy::Policy;
-use crate::topology::Topology;
 
 /// Per-guest resource limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,28 +56,27 @@ impl Default for GuestLimits {
     }
 }
 
-/// Who a guest is, what it is given, and what it may return.
+/// A guest as the sandbox runs it: its name, what it is given, and the live counters each of its
+/// instances (and hooks) update.
 #[derive(Debug, Clone)]
-pub struct GuestSpec {
+pub struct Guest {
     /// Name used in logs and errors.
     pub name: Arc<str>,
     /// The guest's whole environment.
     pub env: Vec<(String, String)>,
+    /// Memory and CPU limits.
     pub limits: GuestLimits,
-    /// The rules its trees and hook answers must follow.
-    pub policy: Arc<Policy>,
     /// Its counters.
     pub metrics: Arc<ScannerMetrics>,
 }
 
-impl GuestSpec {
-    /// A guest with the default limits and policy.
+impl Guest {
+    /// A guest with the default limits.
     pub fn new(name: &str, env: Vec<(String, String)>) -> Self {
-        GuestSpec {
+        Guest {
             name: name.into(),
             env,
             limits: GuestLimits::default(),
-            policy: Arc::default(),
             metrics: Arc::default(),
         }
     }
@@ -87,7 +85,9 @@ impl GuestSpec {
 /// Where a sandbox's guests see /sys and /dev from.
 #[derive(Debug, Clone)]
 pub struct Roots {
+    /// The sys root (normally `/sys`).
     pub sys: PathBuf,
+    /// The dev root (normally `/dev`).
     pub dev: PathBuf,
 }
 
@@ -108,7 +108,7 @@ pub struct SandboxOptions {
     /// Serve /dev from this instead of opening the dev root (a replayed snapshot's table).
     pub devfs: Option<DevFs>,
     /// Note every path guests (and the host for them) ask about under /sys and /dev.
-    pub recorder: Option<Arc<crate::snapshot::record::Recorder>>,
+    pub recorder: Option<Arc<crate::hostfs::record::Recorder>>,
 }
 
 /// Errors setting up the sandbox or loading a component.
@@ -118,51 +118,82 @@ pub struct SandboxOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("cannot open the dev root {path}: {error}")]
+    /// The dev root cannot be opened.
     DevRoot {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("cannot use the sys root {path}: {error}")]
+    /// The sys root cannot be used.
     SysRoot {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("cannot read component {path}: {error}")]
+    /// The component file cannot be read.
     Read {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error(
         "{path} is not a valid wasm component: it is a core wasm module ({})",
         wdp_oci::contract::CORE_MODULE_REMEDY
     )]
-    CoreModule { path: PathBuf },
+    /// A core module, not a component.
+    CoreModule {
+        /// The path concerned.
+        path: PathBuf,
+    },
     #[error(
         "{path} is not a valid wasm component: it is not WebAssembly at all (no `\\0asm` header; build it for wasm32-wasip2)"
     )]
-    NotWasm { path: PathBuf },
-    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {error:#}")]
-    Compile {
+    /// Not WebAssembly.
+    NotWasm {
+        /// The path concerned.
         path: PathBuf,
+    },
+    #[error("{path} is not a valid wasm component (build it for wasm32-wasip2): {error:#}")]
+    /// wasmtime refused to compile it.
+    Compile {
+        /// The path concerned.
+        path: PathBuf,
+        /// The underlying error, whole.
         error: wasmtime::Error,
     },
     #[error("{path} is refused: {error}")]
+    /// It speaks a contract version this host does not.
     Contract {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: wdp_oci::contract::ContractError,
     },
     #[error("{path} needs imports this host does not provide: {error:#}")]
+    /// It imports what the host does not provide.
     Link {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: wasmtime::Error,
     },
     #[error("{path} does not export {export}: {error:#}")]
+    /// It lacks an export its role needs.
     MissingExport {
+        /// The path concerned.
         path: PathBuf,
+        /// The export it lacks.
         export: &'static str,
+        /// The underlying error, whole.
         error: wasmtime::Error,
     },
     #[error("wasmtime: {0:#}")]
+    /// wasmtime itself failed.
     Engine(wasmtime::Error),
 }
 
@@ -174,7 +205,7 @@ pub struct Sandbox {
     linker: Linker<GuestState>,
     roots: Roots,
     devfs: Arc<DevFs>,
-    topology: Arc<Topology>,
+    sys_reads: Arc<dyn SysReads>,
     changes: ChangeWatcher,
 }
 
@@ -214,9 +245,13 @@ impl Sandbox {
                 error,
             })?,
         };
-        let devfs = match &recorder {
-            Some(r) => devfs.recording(r.clone()),
-            None => devfs,
+        let sys_reads: Arc<dyn SysReads> = Arc::new(SysDir::new(&roots.sys));
+        let (devfs, sys_reads) = match &recorder {
+            Some(r) => (
+                devfs.recording(r.clone()),
+                Arc::new(RecordedSys::new(sys_reads, r.clone())) as Arc<dyn SysReads>,
+            ),
+            None => (devfs, sys_reads),
         };
         std::fs::read_dir(&roots.sys).map_err(|error| SandboxError::SysRoot {
             path: roots.sys.clone(),
@@ -232,7 +267,6 @@ impl Sandbox {
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
-        let topology = Arc::new(Topology::new(&roots.sys));
         Ok(Arc::new(Sandbox {
             engine,
             clock,
@@ -240,7 +274,7 @@ impl Sandbox {
             linker,
             roots,
             devfs: Arc::new(devfs),
-            topology,
+            sys_reads,
             changes,
         }))
     }
@@ -250,13 +284,19 @@ impl Sandbox {
         &self.roots
     }
 
-    /// The epoch clock: hold [`Clock::running`] while calling into a guest.
+    /// The epoch clock, for its tick count: every store counts as running while it lives.
     pub fn clock(&self) -> &Arc<Clock> {
         &self.clock
     }
 
+    /// What the host reads under the sys root for its guests (NUMA affinity); recorded when
+    /// the sandbox records.
+    pub fn sys_reads(&self) -> &Arc<dyn SysReads> {
+        &self.sys_reads
+    }
+
     /// The confined view of the dev root, for checking what guests return.
-    pub fn devfs(&self) -> &DevFs {
+    pub fn devfs(&self) -> &Arc<DevFs> {
         &self.devfs
     }
 
@@ -324,11 +364,13 @@ impl Sandbox {
         })
     }
 
-    /// A fresh store for one instance of `guest`. `sink` receives its notified trees.
+    /// A fresh store for one instance of `guest`. `sink` receives its notified trees (`None`
+    /// for a hook instance). The store holds the clock's [`Running`] guard until it is dropped,
+    /// so the guest's CPU budget is enforced whenever it can execute.
     pub fn store(
         &self,
-        guest: &GuestSpec,
-        sink: Option<mpsc::Sender<crate::scanner::ScannerEvent>>,
+        guest: &Guest,
+        sink: Option<Box<dyn TreeSink>>,
     ) -> Result<Store<GuestState>, SandboxError> {
         let stderr = GuestOutput::new(guest.name.clone(), Stream::Stderr);
         let mut wasi = WasiCtxBuilder::new();
@@ -348,19 +390,17 @@ impl Sandbox {
             usage: sink.is_some().then(|| guest.metrics.clone()),
         };
         let state = GuestState {
-            spec: guest.clone(),
-            refusals_logged: None,
-            refusals_unlogged: 0,
+            guest: guest.clone(),
             wasi: wasi.build(),
             table: Default::default(),
             limits,
             devfs: self.devfs.clone(),
-            topology: self.topology.clone(),
             changes: self.changes.subscribe(),
             sink,
             cpu: CpuBudget::new(guest.limits.call_timeout),
             stderr,
             clock: self.clock.clone(),
+            _running: self.clock.running(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);

@@ -26,7 +26,9 @@ const TAIL_LINES: usize = 4;
 /// Which stream a line came from.
 #[derive(Debug, Clone, Copy)]
 pub enum Stream {
+    /// Standard output.
     Stdout,
+    /// Standard error.
     Stderr,
 }
 

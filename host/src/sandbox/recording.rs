@@ -17,7 +17,7 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
 
 use super::GuestState;
 use super::open_guard::{self, FILESYSTEM_TYPES, OpenAtParams};
-use crate::snapshot::record::{Access, Recorder};
+use crate::hostfs::record::{Access, Recorder};
 
 /// Shadows `open-at`, `stat-at`, `readlink-at` and `read-directory` in `linker` (which already
 /// has wasmtime-wasi and the open guard linked) to note every path in `recorder`.

@@ -8,49 +8,84 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
-use wasmtime::UpdateDeadline;
+use tokio::sync::watch;
 use wasmtime::component::ResourceTable;
+use wasmtime::{Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{devfs, notifier, types};
-use super::devfs::{DevFs, Node, NodeKind};
 use super::engine::TICK;
-use crate::metrics::ScannerMetrics;
-use crate::scanner::ScannerEvent;
+use super::sink::TreeSink;
+use crate::bindings::{devfs, notifier, types};
+use crate::hostfs::{DevFs, Node, NodeKind};
 
 /// Why the host stopped a guest (as opposed to the guest trapping on its own).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Stopped {
     #[error("ran {0:?} of CPU without calling the host (spinning?)")]
+    /// It computed this long without calling the host.
     CpuBudget(Duration),
     #[error("exceeded its memory limit of {} MiB", limit >> 20)]
-    Memory { limit: u64 },
+    /// It grew past its memory limit.
+    Memory {
+        /// The limit, in bytes.
+        limit: u64,
+    },
     #[error("exceeded its table limit of {limit} elements")]
-    Table { limit: usize },
+    /// It grew a table past its limit.
+    Table {
+        /// The limit, in elements.
+        limit: usize,
+    },
     #[error("the host stopped listening for its trees")]
+    /// Nobody listens for its trees any more.
     SinkClosed,
+}
+
+/// Turns a wasmtime error into a cause an operator can act on.
+pub fn describe(error: &wasmtime::Error) -> String {
+    if let Some(stopped) = error.downcast_ref::<Stopped>() {
+        return match stopped {
+            Stopped::Memory { .. } | Stopped::Table { .. } => stopped.to_string(),
+            _ => format!("stopped by the host: {stopped}"),
+        };
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::StackOverflow) => "stack overflow (recursion too deep)".into(),
+        // Rust guests panic by trapping on `unreachable`, after printing the panic to stderr.
+        Some(Trap::UnreachableCodeReached) => {
+            "trapped: unreachable instruction (a Rust guest panicked?)".into()
+        }
+        // Rust guests keep their stack in linear memory: overflowing it lands out of bounds.
+        Some(Trap::MemoryOutOfBounds) => {
+            "trapped: out-of-bounds memory access (a stack overflow in the guest?)".into()
+        }
+        Some(trap) => format!("trapped: {trap}"),
+        None => first_line(&format!("{error:?}")),
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or(text).to_string()
 }
 
 /// The store data of one guest instance.
 pub struct GuestState {
-    pub(crate) spec: super::GuestSpec,
-    /// When a refused tree was last logged, and how many were not logged since.
-    pub(crate) refusals_logged: Option<Instant>,
-    pub(crate) refusals_unlogged: u64,
+    pub(crate) guest: super::Guest,
     pub(crate) wasi: WasiCtx,
     pub(crate) table: ResourceTable,
     pub(crate) limits: super::limits::GuestLimiter,
     pub(crate) devfs: Arc<DevFs>,
-    /// Fills in NUMA affinity the guest did not give.
-    pub(crate) topology: Arc<crate::topology::Topology>,
     pub(crate) changes: watch::Receiver<u64>,
     /// Where trees go; `None` for hook instances, which have no business notifying.
-    pub(crate) sink: Option<mpsc::Sender<ScannerEvent>>,
+    pub(crate) sink: Option<Box<dyn TreeSink>>,
     pub(crate) cpu: CpuBudget,
     pub(crate) stderr: super::output::GuestOutput,
     /// Released while the guest waits in one of our imports, so an idle host stops ticking.
     pub(crate) clock: Arc<super::Clock>,
+    /// Counts this instance as running for as long as its store lives: CPU limits hold only
+    /// while the clock ticks, and a store is what a guest runs in, so no caller can run a
+    /// guest without it.
+    pub(crate) _running: super::Running,
 }
 
 impl GuestState {
@@ -125,44 +160,12 @@ impl notifier::Host for GuestState {
     async fn notify(&mut self, tree: types::DeviceTree) -> wasmtime::Result<()> {
         let _waiting = self.clock.waiting();
         self.cpu.check_in();
-        let Some(sink) = &self.sink else {
-            tracing::warn!(scanner = &*self.spec.name, "a hook called notify; ignored");
+        let Some(sink) = &mut self.sink else {
+            tracing::warn!(scanner = &*self.guest.name, "a hook called notify; ignored");
             return Ok(());
         };
-        let metrics = &self.spec.metrics;
-        metrics.notified();
-        let notified = match self.spec.policy.check_tree(tree, &self.devfs) {
-            Ok(mut tree) => {
-                self.topology.fill(&mut tree, &self.devfs);
-                ScannerMetrics::bump(&metrics.trees_accepted);
-                ScannerEvent::Tree(Arc::new(tree))
-            }
-            Err(e) => {
-                ScannerMetrics::bump(&metrics.trees_refused);
-                // One event per refused tree, but at most one a second: a guest that floods
-                // bad trees must not flood the log. The counter sees every one.
-                let now = Instant::now();
-                if self
-                    .refusals_logged
-                    .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
-                {
-                    tracing::warn!(
-                        scanner = &*self.spec.name,
-                        rule = e.rule(),
-                        error = %e,
-                        not_logged_since_last = self.refusals_unlogged,
-                        "device tree refused; the last good tree stays served"
-                    );
-                    self.refusals_logged = Some(now);
-                    self.refusals_unlogged = 0;
-                } else {
-                    self.refusals_unlogged += 1;
-                }
-                ScannerEvent::Refused(e)
-            }
-        };
         // Waiting here back-pressures a guest that notifies faster than the host consumes.
-        sink.send(notified).await.map_err(|_| Stopped::SinkClosed)?;
+        sink.notify(tree).await.map_err(|_| Stopped::SinkClosed)?;
         self.cpu.check_in();
         Ok(())
     }
@@ -212,7 +215,7 @@ impl devfs::Host for GuestState {
             Err(_) => false,
         };
         self.changes.borrow_and_update();
-        self.spec.metrics.woke();
+        self.guest.metrics.woke();
         self.cpu.check_in();
         Ok(changed)
     }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use futures::StreamExt;
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::uevent::Uevents;
 
@@ -29,15 +29,8 @@ const MAX_WATCHES: usize = 8192;
 #[derive(Debug)]
 pub struct ChangeWatcher {
     rx: watch::Receiver<u64>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Drop for ChangeWatcher {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
+    /// Aborted when this is dropped: the watch ends with its owner.
+    _tasks: Vec<AbortOnDropHandle<()>>,
 }
 
 impl ChangeWatcher {
@@ -51,20 +44,24 @@ impl ChangeWatcher {
         let (tx, rx) = watch::channel(0u64);
         let mut tasks = Vec::new();
         match Watching::new(dev_root, sys_root) {
-            Ok(watching) => tasks.push(tokio::spawn(watching.run(tx.clone()))),
+            Ok(watching) => tasks.push(AbortOnDropHandle::new(tokio::spawn(
+                watching.run(tx.clone()),
+            ))),
             Err(e) => tracing::warn!(
                 error = %e,
                 "inotify unavailable: scanners will only rescan at their timeout"
             ),
         }
         match Uevents::open() {
-            Ok(uevents) => tasks.push(tokio::spawn(forward_uevents(uevents, tx))),
+            Ok(uevents) => tasks.push(AbortOnDropHandle::new(tokio::spawn(forward_uevents(
+                uevents, tx,
+            )))),
             Err(e) => tracing::warn!(
                 error = %e,
                 "kernel uevents unavailable: driver and sysfs changes wait for the rescan interval"
             ),
         }
-        ChangeWatcher { rx, tasks }
+        ChangeWatcher { rx, _tasks: tasks }
     }
 
     /// A receiver for one guest, with every change so far marked as seen.

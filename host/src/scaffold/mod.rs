@@ -55,6 +55,7 @@ impl Lang {
 pub struct Options {
     /// The scanner's name: its device type, package and file names.
     pub name: String,
+    /// The language of the project.
     pub lang: Lang,
     /// Export a post-allocator too (world `device-plugin`).
     pub post_allocator: bool,
@@ -91,17 +92,25 @@ pub enum ScaffoldError {
     #[error(
         "{0:?} is not a valid scanner name: expected lower-case words of letters and digits joined by '-', each starting with a letter, at most 40 characters (e.g. \"acme-npu\"); give one with --name"
     )]
+    /// The project name is not usable.
     Name(String),
     #[error("{} is not empty: give a new or empty directory", .0.display())]
+    /// The target directory is not empty.
     NotEmpty(PathBuf),
     #[error("{path}: {error}", path = .path.display())]
+    /// A file could not be written.
     Io {
+        /// The path concerned.
         path: PathBuf,
+        /// The underlying error, whole.
         error: std::io::Error,
     },
     #[error("template {path}: {error}")]
+    /// A template could not be rendered.
     Template {
+        /// The path concerned.
         path: String,
+        /// The underlying error, whole.
         error: render::RenderError,
     },
 }

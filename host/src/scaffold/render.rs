@@ -10,12 +10,16 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
     #[error("{{{{#{0}}}}} or {{{{^{0}}}}} without its {{{{/{0}}}}}")]
+    /// A `{{` without its `}}`.
     Unclosed(String),
     #[error("unknown variable {{{{{0}}}}}")]
+    /// A placeholder the template has no value for.
     Unknown(String),
     #[error("a {{{{ without its }}}}")]
+    /// A block without its end.
     Unterminated,
     #[error("not UTF-8 text")]
+    /// A template that is not UTF-8 text.
     NotText,
 }
 

@@ -9,7 +9,9 @@ use super::Lang;
 /// A program a language's build runs, and how to install it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tool {
+    /// The program looked for on `PATH`.
     pub program: &'static str,
+    /// How to install it.
     pub install: &'static str,
 }
 

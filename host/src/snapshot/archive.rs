@@ -24,8 +24,8 @@ use tar::{EntryType, Header};
 use super::SnapshotError;
 use super::manifest::{Counts, FORMAT, Manifest};
 use super::record::{Entry, Recording};
-use super::resolve::{Kind, Stat};
-use super::table::DevTable;
+use crate::hostfs::resolve::{Kind, Stat};
+use crate::hostfs::table::DevTable;
 
 /// The manifest's name in the archive.
 pub const MANIFEST: &str = "manifest.json";
@@ -175,6 +175,7 @@ pub fn write_to<W: Write>(
 /// A snapshot read back.
 #[derive(Debug)]
 pub struct Snapshot {
+    /// The archive's manifest.
     pub manifest: Manifest,
     /// The recorded component, if the archive has one.
     pub component: Option<Vec<u8>>,

@@ -33,6 +33,7 @@ pub struct Manifest {
     pub kernel_release: Option<String>,
     /// The host directories that were /sys and /dev.
     pub sys_root: String,
+    /// The dev root the scan saw.
     pub dev_root: String,
     /// File names whose /sys contents were replaced by placeholders (`--redact`).
     #[serde(default)]
@@ -54,9 +55,13 @@ pub struct Manifest {
 /// Entries in a snapshot, by kind.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
+    /// Regular files kept.
     pub files: usize,
+    /// Directories kept.
     pub dirs: usize,
+    /// Symlinks kept.
     pub symlinks: usize,
+    /// Device nodes kept.
     pub nodes: usize,
     /// Bytes of /sys file contents.
     pub bytes: u64,

@@ -1,14 +1,14 @@
 //! Debugging snapshots: what a scanner read of /sys and /dev on one machine, replayable anywhere.
 //!
-//! `wdp snapshot` runs a scanner with a [`record::Recorder`] attached: the sandbox's WASI
-//! filesystem hooks (`sandbox::recording`) and its devfs note every path the guest asks about,
-//! and the host's own NUMA lookups are added for the tree's nodes. Once the first tree is in, the
-//! recorder reads what those paths hold (metadata, symlink targets, directory listings, /sys file
-//! contents; never a device's contents) and [`archive`] writes it, the tree and a manifest into
-//! one tar.gz. `wdp scan --from-snapshot` reads it back: /sys is written into a temporary
-//! directory used as the sys root, /dev is served from the recorded metadata
-//! ([`table::DevTable`]), and the tree the scanner reports there is compared with the recorded
-//! one.
+//! `wdp snapshot` runs a scanner with a [`crate::hostfs::record::Recorder`] attached: the
+//! sandbox's WASI filesystem hooks (`sandbox::recording`), its devfs and the host's own sysfs
+//! reads for the guest (NUMA affinity, through [`crate::hostfs::sys`]) note every path asked
+//! about. Once the first tree is in, the recorder reads what those paths hold (metadata, symlink
+//! targets, directory listings, /sys file contents; never a device's contents) and [`archive`]
+//! writes it, the tree and a manifest into one tar.gz. `wdp scan --from-snapshot` reads it back:
+//! /sys is written into a temporary directory used as the sys root, /dev is served from the
+//! recorded metadata ([`crate::hostfs::table::DevTable`]), and the tree the scanner reports there
+//! is compared with the recorded one.
 //!
 //! Nothing here runs unless a snapshot is taken or replayed: the recording hooks are linked only
 //! into the sandbox `wdp snapshot` builds.
@@ -17,8 +17,6 @@ pub mod archive;
 pub mod manifest;
 pub mod record;
 pub mod redact;
-pub mod resolve;
-pub mod table;
 
 use std::path::PathBuf;
 
@@ -28,11 +26,19 @@ pub enum SnapshotError {
     /// (The I/O error is part of the message, not a `source`: `{:#}` would print it twice.)
     #[error("{path}: {error}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         error: std::io::Error,
     },
     #[error("{path} is not a usable wdp snapshot: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
+    /// The archive cannot be used.
+    Corrupt {
+        /// The path concerned.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// Where two trees (as `wdp scan` prints them) differ, one line per difference, each naming the

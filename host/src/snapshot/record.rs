@@ -1,122 +1,53 @@
-//! The recorder: which paths a scanner (and the host on its behalf) looked at, and, at the end,
-//! what those paths held.
+//! What the paths a scanner (and the host on its behalf) looked at held, at the end of a recorded
+//! scan.
 //!
-//! During the scan only the questions are kept (a root, a path, the kind of access), cheaply and
-//! deduplicated. [`Recorder::finish`] then resolves each one again over the host's roots, step by
-//! step ([`super::resolve`]), and keeps every directory and symlink it passes through, the final
-//! entry, the full listing of each directory the scanner read, and the contents of each regular
+//! During the scan only the questions are kept ([`crate::hostfs::record`]: a root, a path, the
+//! kind of access), cheaply and deduplicated, the host's own reads for the guest (NUMA affinity)
+//! among them. [`Recorder::finish`] then resolves each one again over the host's roots, step by
+//! step ([`crate::hostfs::resolve`]), and keeps every directory and symlink it passes through,
+//! the final entry, the full listing of each directory the scanner read, and the contents of each regular
 //! file under /sys the scanner opened (at most [`MAX_FILE`] bytes). Nothing under /dev is ever
 //! opened: its entries are metadata only.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
-use super::resolve::{Kind, Lookup, ResolveError, Stat, resolve};
-use crate::tree::DeviceTree;
+use crate::hostfs::record::{Access, Recorder, Root};
+use crate::hostfs::resolve::{Kind, Lookup, ResolveError, Stat, resolve};
 
 /// Most bytes kept of one /sys file (sysfs attributes are at most a page; binary ones such as a
 /// PCI `config` a few KiB).
 pub const MAX_FILE: usize = 64 << 10;
 
-/// Which root a path is under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Root {
-    Sys,
-    Dev,
-}
-
-/// What was asked of a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Access {
-    /// Opened (a file's contents are kept; a directory is only kept as existing).
-    Open { follow: bool },
-    /// Its metadata.
-    Stat { follow: bool },
-    /// A symlink's target.
-    ReadLink,
-    /// A directory's listing.
-    ReadDir,
-}
-
 /// One recorded entry: its metadata and, for a /sys file the scanner opened, its contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// Its metadata.
     pub stat: Stat,
+    /// A /sys file's contents, when the scanner opened it.
     pub contents: Option<Vec<u8>>,
 }
 
 /// Everything a snapshot holds of the two roots, by path relative to each root.
 #[derive(Debug, Default, Clone)]
 pub struct Recording {
+    /// Entries under the sys root.
     pub sys: BTreeMap<PathBuf, Entry>,
+    /// Entries under the dev root.
     pub dev: BTreeMap<PathBuf, Entry>,
     /// /sys files longer than [`MAX_FILE`], kept truncated.
     pub truncated: Vec<PathBuf>,
 }
 
-/// Collects the paths a scan touches. Shared by the WASI filesystem hooks and the devfs.
-#[derive(Debug)]
-pub struct Recorder {
-    sys: PathBuf,
-    dev: PathBuf,
-    ops: Mutex<BTreeSet<(Root, PathBuf, Access)>>,
-}
-
 impl Recorder {
-    /// A recorder over the host's sys and dev roots (made canonical: descriptors are compared
-    /// with them by their real paths).
-    pub fn new(sys: &Path, dev: &Path) -> std::io::Result<Self> {
-        Ok(Recorder {
-            sys: std::fs::canonicalize(sys)?,
-            dev: std::fs::canonicalize(dev)?,
-            ops: Mutex::default(),
-        })
-    }
-
-    /// The guest asked for `path` relative to the /sys directory descriptor `dir` (an open host
-    /// directory somewhere under the sys root).
-    pub fn sys_at(&self, dir: &std::fs::File, path: &str, access: Access) {
-        use std::os::fd::AsRawFd;
-        let Ok(base) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
-            return;
-        };
-        let Ok(base) = base.strip_prefix(&self.sys) else {
-            return;
-        };
-        self.add(Root::Sys, base.join(path), access);
-    }
-
-    /// The guest (or the host for it) asked devfs about `rel` (relative to the dev root; empty
-    /// for the root).
-    pub fn dev(&self, rel: &Path, access: Access) {
-        let rel = if rel == Path::new(".") {
-            Path::new("")
-        } else {
-            rel
-        };
-        self.add(Root::Dev, rel.to_path_buf(), access);
-    }
-
-    fn add(&self, root: Root, path: PathBuf, access: Access) {
-        let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        ops.insert((root, path, access));
-    }
-
-    /// Reads what every recorded path holds now, adding what the host itself reads in /sys for
-    /// the NUMA affinity of `tree`'s device nodes (see [`crate::topology`]).
-    pub fn finish(&self, tree: &DeviceTree) -> Recording {
-        let ops: Vec<_> = self
-            .ops
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        let sys = HostRoot(&self.sys);
-        let dev = HostRoot(&self.dev);
+    /// Reads what every recorded path holds now: the guest's questions and the host's own for
+    /// it (NUMA affinity, [`crate::topology`], noted as it read).
+    pub fn finish(&self) -> Recording {
+        let ops = self.questions();
+        let sys = HostRoot(self.sys_root());
+        let dev = HostRoot(self.dev_root());
         let mut rec = Recording::default();
         for (root, path, access) in ops {
             match root {
@@ -124,88 +55,7 @@ impl Recorder {
                 Root::Dev => visit(&dev, &mut rec.dev, &mut rec.truncated, &path, access, false),
             };
         }
-        for info in tree.0.values().flat_map(|g| g.values()) {
-            for node in &info.nodes {
-                self.numa_reads(&mut rec, &node.host_path);
-            }
-        }
         rec
-    }
-
-    /// What [`crate::topology::Topology::node_numa`] reads for the node at guest path `node`.
-    fn numa_reads(&self, rec: &mut Recording, node: &str) {
-        let (sys, dev) = (HostRoot(&self.sys), HostRoot(&self.dev));
-        let Some(rel) = node.strip_prefix("/dev/") else {
-            return;
-        };
-        let t = &mut rec.truncated;
-        visit(
-            &dev,
-            &mut rec.dev,
-            t,
-            Path::new(rel),
-            Access::Stat { follow: false },
-            false,
-        );
-        let Some(stat) = visit(
-            &dev,
-            &mut rec.dev,
-            t,
-            Path::new(rel),
-            Access::Stat { follow: true },
-            false,
-        ) else {
-            return;
-        };
-        let (class, major, minor) = match stat.1.kind {
-            Kind::Char { major, minor } => ("char", major, minor),
-            Kind::Block { major, minor } => ("block", major, minor),
-            _ => return,
-        };
-        let link = PathBuf::from(format!("dev/{class}/{major}:{minor}"));
-        let open = Access::Open { follow: true };
-        let Some((device, _)) = visit(
-            &sys,
-            &mut rec.sys,
-            t,
-            &link,
-            Access::Stat { follow: true },
-            true,
-        ) else {
-            return;
-        };
-        let mut functions = vec![device.clone()];
-        if device.parent() == Some(Path::new("devices/virtual/vfio")) {
-            let group = device.file_name().unwrap_or_default();
-            let members = Path::new("kernel/iommu_groups").join(group).join("devices");
-            visit(&sys, &mut rec.sys, t, &members, Access::ReadDir, true);
-            if let Ok(entries) = std::fs::read_dir(self.sys.join(&members)) {
-                for e in entries.flatten() {
-                    let member = members.join(e.file_name());
-                    if let Some((f, _)) = visit(
-                        &sys,
-                        &mut rec.sys,
-                        t,
-                        &member,
-                        Access::Stat { follow: true },
-                        true,
-                    ) {
-                        functions.push(f);
-                    }
-                }
-            }
-        }
-        for f in functions {
-            let mut here = Some(f.as_path());
-            while let Some(d) =
-                here.filter(|d| d.starts_with("devices") && *d != Path::new("devices"))
-            {
-                for hint in ["numa_node", "local_cpulist"] {
-                    visit(&sys, &mut rec.sys, t, &d.join(hint), open, true);
-                }
-                here = d.parent();
-            }
-        }
     }
 }
 

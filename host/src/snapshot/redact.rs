@@ -76,8 +76,8 @@ pub fn apply_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hostfs::resolve::{Kind, Stat};
     use crate::snapshot::record::Entry;
-    use crate::snapshot::resolve::{Kind, Stat};
     use std::path::PathBuf;
 
     #[test]

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use wdp::cdi::{schema, version};
+use wdp::cdi::schema;
+use wdp::cdi_version as version;
 use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines};

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wdp::kubelet::api;
+use wdp_kubelet::api;
 use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::guest;
 use wdp_tests::host::serve;

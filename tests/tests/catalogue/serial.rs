@@ -179,7 +179,7 @@ async fn serial_reenumeration_keeps_the_id_and_moves_the_node() {
     let cp = cp2102n_id();
     seen.devices(resource, &[FTDI, ARDUINO, &cp]).await;
 
-    let nodes = |r: &wdp::kubelet::api::AllocateResponse| -> Vec<(String, String, String)> {
+    let nodes = |r: &wdp_kubelet::api::AllocateResponse| -> Vec<(String, String, String)> {
         r.container_responses[0]
             .devices
             .iter()

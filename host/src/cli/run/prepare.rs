@@ -16,7 +16,7 @@ use crate::config::{ComponentSource, Config, ConfigDiff, ScannerConfig, ScannerI
 use crate::fleet::{Fleet, Prepared};
 use crate::hooks::Hooks;
 use crate::policy::{self, Policy};
-use crate::sandbox::{GuestSpec, Sandbox};
+use crate::sandbox::{Guest, Sandbox};
 use crate::scanner::Scanner;
 use wdp_oci as oci;
 
@@ -111,7 +111,7 @@ fn max_dev_type_len(plugin_dir: &Path, s: &ScannerConfig) -> anyhow::Result<usiz
             "namespace {:?} leaves no room for a dev-type in a socket path under {} ({} bytes at most)",
             s.namespace,
             plugin_dir.display(),
-            crate::server::MAX_SOCKET_PATH
+            wdp_kubelet::names::MAX_SOCKET_PATH
         );
     }
     Ok(len)
@@ -144,14 +144,14 @@ async fn load(
     identity: ScannerIdentity,
 ) -> anyhow::Result<Prepared> {
     let s = &identity.config;
-    let spec = GuestSpec {
+    let spec = Guest {
         limits: s.limits,
-        policy: Arc::new(Policy {
-            max_dev_type_len: max_dev_type_len(plugin_dir, s)?,
-            ..s.policy.clone()
-        }),
-        ..GuestSpec::new(&s.name, s.env.clone())
+        ..Guest::new(&s.name, s.env.clone())
     };
+    let policy = Arc::new(Policy {
+        max_dev_type_len: max_dev_type_len(plugin_dir, s)?,
+        ..s.policy.clone()
+    });
     let fetch = oci::FetchPolicy {
         require_digest: config.oci.require_digest,
         key: s.verify_key.clone(),
@@ -164,13 +164,22 @@ async fn load(
             let hooks = async {
                 let path = resolve(registry, cache, source, oci::Role::Hooks, &fetch).await?;
                 let hook = sandbox.load(&path).await?;
-                anyhow::Ok(Hooks::new(sandbox.clone(), spec.clone(), &hook)?)
+                anyhow::Ok(Hooks::new(
+                    sandbox.clone(),
+                    spec.clone(),
+                    policy.clone(),
+                    &hook,
+                )?)
             };
             Some(Arc::new(hooks.await.context("post-allocator")?))
         }
     };
     Ok(Prepared {
-        scanner: Scanner { spec, pre },
+        scanner: Scanner {
+            guest: spec,
+            policy,
+            pre,
+        },
         hooks,
         identity,
     })

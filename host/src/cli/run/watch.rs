@@ -17,8 +17,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use inotify::{EventMask, Inotify, WatchMask};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
 /// How long the directory must be quiet before a burst of events counts as done.
 pub const QUIET: Duration = Duration::from_millis(200);
@@ -29,13 +29,8 @@ pub const MAX_BURST: Duration = Duration::from_secs(2);
 pub struct ConfigWatch {
     dir: PathBuf,
     rx: mpsc::Receiver<()>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for ConfigWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// Aborted when this is dropped: the watch ends with its owner.
+    _task: AbortOnDropHandle<()>,
 }
 
 impl ConfigWatch {
@@ -102,7 +97,11 @@ impl ConfigWatch {
                 let _ = tx.try_send(());
             }
         });
-        Ok(ConfigWatch { dir, rx, task })
+        Ok(ConfigWatch {
+            dir,
+            rx,
+            _task: AbortOnDropHandle::new(task),
+        })
     }
 
     /// The watched directory.

@@ -1,8 +1,13 @@
-//! Host bindings for the `wdp:device-plugin` worlds (`wit/`).
+//! Host bindings for the `wdp:device-plugin` worlds (`wit/`): the types every stage of the data
+//! path speaks, in a module of their own so that each stage (sandbox, validation, allocation,
+//! servers) imports them from here and none imports another stage just for its types.
 //!
 //! Each world gets its own `bindgen!` so a component is checked only against the exports it
 //! claims (a scanner need not export `post-allocator`); the interfaces are generated once, in the
 //! scanner world, and shared by the others through `with`.
+
+// The generated items are the WIT's own: its comments document them where it has any.
+#![allow(missing_docs)]
 
 /// `scanner-plugin`: the imports every guest may use and the `scanner` export.
 pub mod scanner {

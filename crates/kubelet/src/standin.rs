@@ -7,7 +7,7 @@
 //!   `CleanupPluginDirectory`: its checkpoint and other files stay), which is how plugins learn
 //!   that kubelet restarted, then listens on `kubelet.sock`;
 //! - inside `Register`: checks the version and the resource name (kubelet's
-//!   `IsExtendedResourceName`, [`crate::kubelet::names`]), dials the plugin's endpoint (10 s, as
+//!   `IsExtendedResourceName`, [`crate::names`]), dials the plugin's endpoint (10 s, as
 //!   kubelet's `dial`), calls `GetDevicePluginOptions`, and only then answers;
 //! - then consumes `ListAndWatch`, one stream per registration, reporting every list. When a
 //!   stream ends while the stand-in runs, the resource's devices become unhealthy and its
@@ -46,7 +46,8 @@ use super::api::device_plugin_client::DevicePluginClient;
 use super::api::registration_server::{Registration, RegistrationServer};
 use super::api::{self, DevicePluginOptions, Empty, RegisterRequest};
 use super::checkpoint::Checkpoint;
-use super::{API_VERSION, KUBELET_SOCKET_NAME, names, transport};
+use super::{API_VERSION, KUBELET_SOCKET_NAME, transport};
+use crate::names;
 
 /// kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
 const PRE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -59,19 +60,25 @@ const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 pub enum Observed {
     /// A plugin registered (after its options were fetched).
     Registered {
+        /// The resource registered.
         resource: String,
+        /// The plugin's socket, in the plugin directory.
         endpoint: String,
+        /// What the plugin advertised.
         options: DevicePluginOptions,
     },
     /// A ListAndWatch message: the resource's whole device list.
     Devices {
+        /// The resource listed.
         resource: String,
         /// The stream it came on (see [`Observed::StreamEnded`]).
         stream: u64,
+        /// Its devices, as the plugin sent them.
         devices: Vec<api::Device>,
     },
     /// A ListAndWatch stream ended (plugin stopped, or its server went away).
     StreamEnded {
+        /// The resource whose stream ended.
         resource: String,
         /// Streams are numbered from 1 in the order plugins registered with this stand-in: each
         /// stream reports on its own task, so a replaced stream's end (or last list) can arrive

@@ -16,16 +16,24 @@ pub const MAX_SYMLINKS: usize = 40;
 /// What a directory entry is, as far as a snapshot cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
+    /// A directory.
     Dir,
+    /// A regular file.
     File,
     /// A symlink and its stored target.
     Symlink(String),
+    /// A character device and its number.
     Char {
+        /// The major device number.
         major: u32,
+        /// The minor device number.
         minor: u32,
     },
+    /// A block device and its number.
     Block {
+        /// The major device number.
         major: u32,
+        /// The minor device number.
         minor: u32,
     },
     /// A FIFO or socket: kept out of snapshots.
@@ -35,7 +43,9 @@ pub enum Kind {
 /// One entry's metadata: its kind and permission bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stat {
+    /// What it is.
     pub kind: Kind,
+    /// Permission bits.
     pub mode: u32,
 }
 
@@ -43,14 +53,19 @@ pub struct Stat {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResolveError {
     #[error("not found")]
+    /// Nothing there.
     NotFound,
     #[error("not a directory")]
+    /// A directory was expected.
     NotADirectory,
     #[error("leaves the root")]
+    /// The path would leave the root.
     Escape,
     #[error("too many levels of symbolic links")]
+    /// More than `MAX_SYMLINKS` links.
     Loop,
     #[error("{0}")]
+    /// Any other error, in words.
     Io(String),
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use futures::StreamExt;
 use inotify::{EventMask, Inotify, WatchMask};
 use tokio::sync::broadcast;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 /// What the directory's own watch reports: its files coming and going, and itself going.
 const DIR_MASK: WatchMask = WatchMask::CREATE
@@ -42,13 +42,8 @@ pub enum DirEvent {
 pub struct PluginDir {
     path: PathBuf,
     tx: broadcast::Sender<DirEvent>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for PluginDir {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// Aborted when this is dropped: the watch ends with its owner.
+    _task: AbortOnDropHandle<()>,
 }
 
 impl PluginDir {
@@ -131,7 +126,7 @@ impl PluginDir {
         Ok(PluginDir {
             path: path.to_path_buf(),
             tx,
-            task,
+            _task: AbortOnDropHandle::new(task),
         })
     }
 

@@ -1,4 +1,7 @@
-//! Resource names as kubelet accepts them.
+//! Names as kubelet and Linux accept them: resource names, dev-types, socket paths.
+//!
+//! Configuration, validation, the servers and the kubelet stand-in all check names with these
+//! rules, so none of them needs another for its naming.
 //!
 //! kubelet refuses a registration whose resource name fails its `IsExtendedResourceName`
 //! (`pkg/apis/core/helper`): the name must be outside the `kubernetes.io` namespace, must not
@@ -8,6 +11,7 @@
 //! wdp checks the same rules where the names are made: the namespace when the config is loaded
 //! (and reloaded), the dev-type when a guest's tree is validated. The stand-in kubelet refuses
 //! registrations with the same function.
+use std::path::{Path, PathBuf};
 
 /// Quota's prefix: kubelet checks `requests.<name>`, and refuses names that already have it.
 const QUOTA_PREFIX: &str = "requests.";
@@ -22,29 +26,43 @@ pub const MAX_NAME_PART: usize = 63;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NameRule {
     #[error("has no namespace: kubelet takes a name without '/' for a native resource")]
+    /// No `/`.
     NoNamespace,
     #[error(
         "is in the kubernetes.io namespace, which kubelet reserves for native resources: use a domain of your own"
     )]
+    /// In `kubernetes.io`.
     Native,
     #[error("starts with \"requests.\", the prefix kubelet reserves for quota names")]
+    /// Starts with `requests.`.
     QuotaPrefix,
     #[error(
         "has a namespace of {len} characters: kubelet checks \"requests.\" + it as a DNS subdomain of at most {MAX_SUBDOMAIN}, so at most {} are left",
         MAX_SUBDOMAIN - QUOTA_PREFIX.len()
     )]
-    NamespaceTooLong { len: usize },
+    /// A namespace too long.
+    NamespaceTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
     #[error(
         "has a namespace that is not a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit (devices.example.com)"
     )]
+    /// A namespace that is not a DNS subdomain.
     NamespaceSyntax,
     #[error("has more than one '/': kubelet takes <namespace>/<name>")]
+    /// More than one `/`.
     TooManySlashes,
     #[error("has a name part of {len} characters; kubelet allows {MAX_NAME_PART}")]
-    NameTooLong { len: usize },
+    /// A name part over 63 characters.
+    NameTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
     #[error(
         "has a name part that is not a qualified name: letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
     )]
+    /// A name part that is not a qualified name.
     NameSyntax,
 }
 
@@ -119,6 +137,66 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
                         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
             }
         })
+}
+
+/// A dev-type a guest may report: the name part of a Kubernetes extended resource name
+/// (kubelet's `IsQualifiedName`), so that every tree the host accepts names resources kubelet
+/// registers.
+pub fn is_dev_type(s: &str) -> bool {
+    check_name_part(s).is_ok()
+}
+
+/// Longest socket path Linux accepts (`sun_path` is 108 bytes, including the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// A resource's names, derived once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    /// `<namespace>/<dev-type>`, what pods request.
+    pub name: String,
+    /// The name part: what the guest's tree calls the group.
+    pub dev_type: String,
+    /// The socket's file name, `<namespace>-<dev-type>.sock`, sent to kubelet as the endpoint.
+    pub endpoint: String,
+    /// The socket's full path.
+    pub socket: PathBuf,
+}
+
+/// A resource whose socket path would not fit in a Unix socket address.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "socket path {path} for {resource} is {len} bytes; Unix sockets allow {MAX_SOCKET_PATH}: use a shorter namespace, dev-type or plugin directory"
+)]
+pub struct SocketTooLong {
+    /// The resource.
+    pub resource: String,
+    /// The socket path it would have.
+    pub path: String,
+    /// The path's length in bytes.
+    pub len: usize,
+}
+
+impl Resource {
+    /// Names the resource `namespace/dev_type`, served in `plugin_dir`.
+    pub fn new(namespace: &str, dev_type: &str, plugin_dir: &Path) -> Result<Self, SocketTooLong> {
+        let name = format!("{namespace}/{dev_type}");
+        let endpoint = format!("{namespace}-{dev_type}.sock");
+        let socket = plugin_dir.join(&endpoint);
+        let len = socket.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(SocketTooLong {
+                resource: name,
+                path: socket.display().to_string(),
+                len,
+            });
+        }
+        Ok(Resource {
+            name,
+            dev_type: dev_type.into(),
+            endpoint,
+            socket,
+        })
+    }
 }
 
 #[cfg(test)]

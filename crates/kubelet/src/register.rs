@@ -14,16 +14,23 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
     #[error("cannot connect to kubelet at {path}: {error}")]
+    /// kubelet's socket could not be reached.
     Connect {
+        /// kubelet's socket.
         path: String,
+        /// The transport's error.
         error: tonic::transport::Error,
     },
     #[error("kubelet refused {resource}: {status}")]
+    /// kubelet refused the registration.
     Refused {
+        /// The resource, `<namespace>/<dev-type>`.
         resource: String,
+        /// kubelet's answer.
         status: tonic::Status,
     },
     #[error("kubelet did not answer within {REGISTER_TIMEOUT:?}")]
+    /// kubelet did not answer in time.
     Timeout,
 }
 

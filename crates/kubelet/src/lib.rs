@@ -1,6 +1,13 @@
-//! Talking to kubelet: the Device Plugin API v1beta1 (`proto/`), Unix-socket transport, the
-//! device-plugin directory watcher, registration, the resource-name rules kubelet applies, and a
-//! kubelet stand-in for demos and tests.
+//! `wdp-kubelet`: talking to kubelet as a device plugin does. The Device Plugin API v1beta1
+//! (`proto/`, [`api`]), Unix-socket transport ([`transport`]), the device-plugin directory watch
+//! ([`dir`]), registration ([`register`]), the names kubelet and Linux accept ([`names`]), and a
+//! kubelet stand-in for demos and tests ([`standin`], with kubelet's checkpoint file,
+//! [`checkpoint`]).
+//!
+//! The bottom of wdp's data path: the device-plugin servers build on it, and it knows nothing of
+//! guests, trees or the sandbox, so it builds without a wasm runtime.
+
+#![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod dir;

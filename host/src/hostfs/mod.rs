@@ -1,4 +1,5 @@
-//! A metadata-only, confined view of the host's dev root: the host side of WIT `devfs`.
+//! What the host reads on a guest's behalf, through one seam: the confined, metadata-only view
+//! of the dev root that serves WIT `devfs`, and that the policy and the NUMA lookup use too.
 //!
 //! wasmtime-wasi has no "stat but never open" preopen mode, so /dev is never preopened; guests see
 //! it only through these calls. Three rules hold for every call:
@@ -9,9 +10,19 @@
 //!   contents can never be read, and opening one (which has side effects for some drivers) never
 //!   happens.
 //!
-//! `wdp scan --from-snapshot` serves the same calls from a snapshot's recorded metadata instead
-//! ([`DevFs::from_table`]), resolved by the same rules; `wdp snapshot` notes every path asked
-//! about ([`DevFs::recording`]).
+//! [`DevFs`] keeps the path rules; where answers come from is a [`DevReads`], one of three: the
+//! host's directory ([`dir::HostDir`]), a snapshot's recorded table ([`table::DevTable`], for
+//! `wdp scan --from-snapshot`, resolved by the same rules through [`resolve`]), or either of
+//! those wrapped to note every question in a [`record::Recorder`] (`wdp snapshot`).
+//!
+//! A leaf of the crate: the sandbox, the policy, the topology and the snapshot tools all build on
+//! it, and it imports none of them.
+
+pub mod dir;
+pub mod record;
+pub mod resolve;
+pub mod sys;
+pub mod table;
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -19,12 +30,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cap_std::ambient_authority;
-use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt};
-
-use crate::snapshot::record::{Access, Recorder};
-use crate::snapshot::resolve::{self, Kind, ResolveError, Stat};
-use crate::snapshot::table::DevTable;
+use self::record::Recorder;
+use self::table::DevTable;
 
 /// Longest guest path accepted (Linux's `PATH_MAX`).
 const MAX_PATH: usize = 4096;
@@ -34,20 +41,30 @@ const MAX_DIR_ENTRIES: usize = 65_536;
 /// What a path names, as WIT `devfs.node-kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeKind {
+    /// A character device node.
     CharDevice,
+    /// A block device node.
     BlockDevice,
+    /// A directory.
     Directory,
+    /// A symlink.
     Symlink,
+    /// A regular file.
     File,
+    /// Anything else (a FIFO, a socket).
     Other,
 }
 
 /// Metadata of one entry, as WIT `devfs.node`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
+    /// The entry's name.
     pub name: String,
+    /// What it is.
     pub kind: NodeKind,
+    /// Major device number; 0 unless a device node.
     pub major: u32,
+    /// Minor device number; 0 unless a device node.
     pub minor: u32,
     /// Permission bits only (`mode & 0o7777`).
     pub mode: u32,
@@ -57,49 +74,93 @@ pub struct Node {
 #[derive(Debug, thiserror::Error)]
 pub enum DevfsError {
     #[error("{path:?}: not a path under /dev (absolute, no '.', '..' or '//' components)")]
-    InvalidPath { path: String },
+    /// Not an absolute, plain path under `/dev`.
+    InvalidPath {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: path longer than {MAX_PATH} bytes")]
-    TooLong { path: String },
+    /// Longer than `PATH_MAX`.
+    TooLong {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: not found")]
-    NotFound { path: String },
+    /// Nothing there.
+    NotFound {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: leaves the dev root")]
-    Escape { path: String },
+    /// Resolution would leave the dev root.
+    Escape {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: not a directory")]
-    NotADirectory { path: String },
+    /// A directory was expected.
+    NotADirectory {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: not a symlink")]
-    NotASymlink { path: String },
+    /// A symlink was expected.
+    NotASymlink {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: more than {MAX_DIR_ENTRIES} entries")]
-    TooManyEntries { path: String },
+    /// A directory too large to list.
+    TooManyEntries {
+        /// The path concerned.
+        path: String,
+    },
     #[error("{path:?}: {error}")]
-    Io { path: String, error: io::Error },
+    /// Any other I/O error.
+    Io {
+        /// The path concerned.
+        path: String,
+        /// The underlying error, whole.
+        error: io::Error,
+    },
 }
 
-/// The dev root, opened once as a capability (or, replaying a snapshot, its recorded table).
+/// The source of [`DevFs`]'s answers. `rel` is the guest's `path` already checked and made
+/// relative to the dev root (`.` for the root); `path` is only for error messages.
+pub trait DevReads: Send + Sync + std::fmt::Debug {
+    /// The entries of directory `rel` (following a final symlink), in any order.
+    fn read_dir(&self, path: &str, rel: &Path) -> Result<Vec<Node>, DevfsError>;
+
+    /// The names in directory `rel`, without describing them.
+    fn entry_names(&self, path: &str, rel: &Path) -> Result<HashSet<OsString>, DevfsError>;
+
+    /// Describes `rel` as `name`, following a final symlink only when `follow`.
+    fn stat(&self, path: &str, rel: &Path, name: String, follow: bool) -> Result<Node, DevfsError>;
+
+    /// The stored target of the symlink `rel`.
+    fn read_link(&self, path: &str, rel: &Path) -> Result<String, DevfsError>;
+
+    /// `lstat` of many plain entry `names` of directory `rel` at once, where that is cheaper than
+    /// one by one; `None` (the default) to have [`DevFs::stat_in`] ask one by one. A `None` entry
+    /// is asked again one by one, so errors always read as [`DevFs::stat`]'s.
+    fn stat_batch(&self, _rel: &Path, _names: &[&str]) -> Option<Vec<Option<Node>>> {
+        None
+    }
+}
+
+/// The dev root as guests may see it: the path rules over a [`DevReads`].
 #[derive(Debug)]
 pub struct DevFs {
-    backend: Backend,
+    reads: Box<dyn DevReads>,
     root_path: PathBuf,
-    /// Set only by `wdp snapshot`: notes every path asked about.
-    recorder: Option<Arc<Recorder>>,
-}
-
-/// Where answers come from.
-#[derive(Debug)]
-enum Backend {
-    /// The host's dev root.
-    Dir(Dir),
-    /// A snapshot's recorded /dev: metadata only, no device node on disk.
-    Table(Arc<DevTable>),
 }
 
 impl DevFs {
     /// Opens `root` (normally `/dev`) as the directory every guest path is resolved beneath.
     pub fn open(root: &Path) -> io::Result<Self> {
-        let dir = Dir::open_ambient_dir(root, ambient_authority())?;
         Ok(DevFs {
-            backend: Backend::Dir(dir),
+            reads: Box::new(dir::HostDir::open(root)?),
             root_path: root.to_path_buf(),
-            recorder: None,
         })
     }
 
@@ -107,65 +168,17 @@ impl DevFs {
     /// `shown_as` is what [`DevFs::root_path`] reports.
     pub fn from_table(table: Arc<DevTable>, shown_as: PathBuf) -> Self {
         DevFs {
-            backend: Backend::Table(table),
+            reads: Box::new(table),
             root_path: shown_as,
-            recorder: None,
         }
     }
 
     /// Notes every path asked about in `recorder` (`wdp snapshot`).
-    pub fn recording(mut self, recorder: Arc<Recorder>) -> Self {
-        self.recorder = Some(recorder);
-        self
-    }
-
-    fn note(&self, rel: &Path, access: Access) {
-        if let Some(r) = &self.recorder {
-            r.dev(rel, access);
+    pub fn recording(self, recorder: Arc<Recorder>) -> Self {
+        DevFs {
+            reads: Box::new(record::Recorded::new(self.reads, recorder)),
+            root_path: self.root_path,
         }
-    }
-
-    /// Resolves `rel` in the recorded table.
-    fn lookup(
-        table: &DevTable,
-        path: &str,
-        rel: &Path,
-        follow: bool,
-    ) -> Result<(PathBuf, Stat), DevfsError> {
-        let rel = if rel == Path::new(".") {
-            Path::new("")
-        } else {
-            rel
-        };
-        resolve::resolve(table, rel, follow, &mut |_, _| {}).map_err(|e| {
-            let path = path.to_string();
-            match e {
-                ResolveError::NotFound => DevfsError::NotFound { path },
-                ResolveError::NotADirectory => DevfsError::NotADirectory { path },
-                ResolveError::Escape => DevfsError::Escape { path },
-                ResolveError::Loop => DevfsError::Io {
-                    path,
-                    error: io::Error::from_raw_os_error(rustix::io::Errno::LOOP.raw_os_error()),
-                },
-                ResolveError::Io(m) => DevfsError::Io {
-                    path,
-                    error: io::Error::other(m),
-                },
-            }
-        })
-    }
-
-    /// The recorded entries of the directory `rel` (following links to it).
-    fn children(
-        table: &DevTable,
-        path: &str,
-        rel: &Path,
-    ) -> Result<Vec<(String, Stat)>, DevfsError> {
-        let (dir, stat) = Self::lookup(table, path, rel, true)?;
-        if stat.kind != Kind::Dir {
-            return Err(DevfsError::NotADirectory { path: path.into() });
-        }
-        Ok(table.children(&dir))
     }
 
     /// The host directory guests see as `/dev`.
@@ -177,32 +190,7 @@ impl DevFs {
     /// strings cannot carry them, and no device naming scheme uses them.
     pub fn read_dir(&self, path: &str) -> Result<Vec<Node>, DevfsError> {
         let rel = guest_to_relative(path)?;
-        self.note(&rel, Access::ReadDir);
-        let root = match &self.backend {
-            Backend::Dir(root) => root,
-            Backend::Table(table) => {
-                let mut nodes: Vec<Node> = Self::children(table, path, &rel)?
-                    .into_iter()
-                    .map(|(name, stat)| recorded_node(name, &stat))
-                    .collect();
-                nodes.sort_by(|a, b| a.name.cmp(&b.name));
-                return Ok(nodes);
-            }
-        };
-        let entries = root.read_dir(&rel).map_err(|e| map_io(path, e))?;
-        let mut nodes = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| map_io(path, e))?;
-            let Ok(name) = entry.file_name().into_string() else {
-                continue;
-            };
-            if nodes.len() == MAX_DIR_ENTRIES {
-                return Err(DevfsError::TooManyEntries { path: path.into() });
-            }
-            // An entry can vanish between listing and stat (hot-unplug): skip it.
-            let Ok(meta) = entry.metadata() else { continue };
-            nodes.push(node(name, &meta));
-        }
+        let mut nodes = self.reads.read_dir(path, &rel)?;
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(nodes)
     }
@@ -212,41 +200,13 @@ impl DevFs {
     /// few `getdents` calls instead of a `stat` per node.
     pub fn entry_names(&self, path: &str) -> Result<HashSet<OsString>, DevfsError> {
         let rel = guest_to_relative(path)?;
-        self.note(&rel, Access::ReadDir);
-        let root = match &self.backend {
-            Backend::Dir(root) => root,
-            Backend::Table(table) => {
-                return Ok(Self::children(table, path, &rel)?
-                    .into_iter()
-                    .map(|(name, _)| name.into())
-                    .collect());
-            }
-        };
-        let entries = root.read_dir(&rel).map_err(|e| map_io(path, e))?;
-        entries
-            .map(|entry| entry.map(|e| e.file_name()).map_err(|e| map_io(path, e)))
-            .collect()
+        self.reads.entry_names(path, &rel)
     }
 
     /// Describes one entry without following a final symlink.
     pub fn stat(&self, path: &str) -> Result<Node, DevfsError> {
         let rel = guest_to_relative(path)?;
-        self.note(&rel, Access::Stat { follow: false });
-        let name = path.rsplit('/').next().unwrap_or_default().to_string();
-        let root = match &self.backend {
-            Backend::Dir(root) => root,
-            Backend::Table(table) => {
-                let (_, stat) = Self::lookup(table, path, &rel, false)?;
-                return Ok(recorded_node(name, &stat));
-            }
-        };
-        let meta = if rel == Path::new(".") {
-            root.dir_metadata()
-        } else {
-            root.symlink_metadata(&rel)
-        }
-        .map_err(|e| map_io(path, e))?;
-        Ok(node(name, &meta))
+        self.reads.stat(path, &rel, entry_name(path), false)
     }
 
     /// Describes what `path` names after following symlinks, which must stay inside the dev
@@ -254,39 +214,14 @@ impl DevFs {
     /// never a guest's.
     pub fn stat_following(&self, path: &str) -> Result<Node, DevfsError> {
         let rel = guest_to_relative(path)?;
-        self.note(&rel, Access::Stat { follow: true });
-        let name = path.rsplit('/').next().unwrap_or_default().to_string();
-        let root = match &self.backend {
-            Backend::Dir(root) => root,
-            Backend::Table(table) => {
-                let (_, stat) = Self::lookup(table, path, &rel, true)?;
-                return Ok(recorded_node(name, &stat));
-            }
-        };
-        let meta = root.metadata(&rel).map_err(|e| map_io(path, e))?;
-        Ok(node(name, &meta))
+        self.reads.stat(path, &rel, entry_name(path), true)
     }
 
     /// The stored target of a symlink. It is only text: following it is the guest's business and
     /// goes through these same checks.
     pub fn read_link(&self, path: &str) -> Result<String, DevfsError> {
         let rel = guest_to_relative(path)?;
-        self.note(&rel, Access::ReadLink);
-        let root = match &self.backend {
-            Backend::Dir(root) => root,
-            Backend::Table(table) => {
-                return match Self::lookup(table, path, &rel, false)?.1.kind {
-                    Kind::Symlink(target) => Ok(target),
-                    _ => Err(DevfsError::NotASymlink { path: path.into() }),
-                };
-            }
-        };
-        let meta = root.symlink_metadata(&rel).map_err(|e| map_io(path, e))?;
-        if !meta.file_type().is_symlink() {
-            return Err(DevfsError::NotASymlink { path: path.into() });
-        }
-        let target = root.read_link_contents(&rel).map_err(|e| map_io(path, e))?;
-        Ok(target.to_string_lossy().into_owned())
+        self.reads.read_link(path, &rel)
     }
 
     /// [`DevFs::stat`] of many entries of one directory: the directory is opened once, where
@@ -295,36 +230,35 @@ impl DevFs {
     /// notify). `names` are plain entry names; answers come in the same order.
     pub fn stat_in(&self, dir: &str, names: &[&str]) -> Vec<Result<Node, DevfsError>> {
         let full = |name: &str| format!("{}/{name}", dir.trim_end_matches('/'));
-        let opened = match &self.backend {
-            Backend::Dir(root) if self.recorder.is_none() => {
-                guest_to_relative(dir).ok().and_then(|rel| {
-                    if rel == Path::new(".") {
-                        root.try_clone().ok()
-                    } else {
-                        root.open_dir(&rel).ok()
-                    }
-                })
-            }
-            _ => None,
-        };
-        let Some(opened) = opened else {
+        let plain =
+            |name: &&str| !(name.is_empty() || *name == "." || *name == ".." || name.contains('/'));
+        let batch = guest_to_relative(dir).ok().and_then(|rel| {
+            let asked: Vec<&str> = names.iter().copied().filter(plain).collect();
+            self.reads.stat_batch(&rel, &asked)
+        });
+        let Some(batch) = batch else {
             // A snapshot, a recording, or a directory that cannot be opened: one by one, so
             // each answer (and error) is exactly what `stat` says.
             return names.iter().map(|name| self.stat(&full(name))).collect();
         };
+        let mut answers = batch.into_iter();
         names
             .iter()
             .map(|name| {
-                if name.is_empty() || *name == "." || *name == ".." || name.contains('/') {
-                    return self.stat(&full(name));
-                }
-                match opened.symlink_metadata(name) {
-                    Ok(meta) => Ok(node(name.to_string(), &meta)),
-                    Err(_) => self.stat(&full(name)),
-                }
+                let answer = if plain(name) {
+                    answers.next().flatten()
+                } else {
+                    None
+                };
+                answer.map_or_else(|| self.stat(&full(name)), Ok)
             })
             .collect()
     }
+}
+
+/// The last component of a guest path: the name a described entry carries.
+fn entry_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or_default().to_string()
 }
 
 /// Maps `/dev/a/b` to `a/b` (and `/dev` to `.`), refusing anything else.
@@ -350,69 +284,6 @@ fn guest_to_relative(path: &str) -> Result<PathBuf, DevfsError> {
         return Err(invalid());
     }
     Ok(PathBuf::from(rest))
-}
-
-fn node(name: String, meta: &Metadata) -> Node {
-    let kind = kind_of(meta.file_type());
-    let (major, minor) = if matches!(kind, NodeKind::CharDevice | NodeKind::BlockDevice) {
-        let rdev = meta.rdev();
-        (rustix::fs::major(rdev), rustix::fs::minor(rdev))
-    } else {
-        (0, 0)
-    };
-    Node {
-        name,
-        kind,
-        major,
-        minor,
-        mode: meta.mode() & 0o7777,
-    }
-}
-
-/// A recorded entry as devfs reports it: the same fields [`node`] reads from the host.
-fn recorded_node(name: String, stat: &Stat) -> Node {
-    let (kind, major, minor) = match stat.kind {
-        Kind::Dir => (NodeKind::Directory, 0, 0),
-        Kind::File => (NodeKind::File, 0, 0),
-        Kind::Symlink(_) => (NodeKind::Symlink, 0, 0),
-        Kind::Char { major, minor } => (NodeKind::CharDevice, major, minor),
-        Kind::Block { major, minor } => (NodeKind::BlockDevice, major, minor),
-        Kind::Other => (NodeKind::Other, 0, 0),
-    };
-    Node {
-        name,
-        kind,
-        major,
-        minor,
-        mode: stat.mode & 0o7777,
-    }
-}
-
-fn kind_of(ft: FileType) -> NodeKind {
-    if ft.is_symlink() {
-        NodeKind::Symlink
-    } else if ft.is_dir() {
-        NodeKind::Directory
-    } else if ft.is_char_device() {
-        NodeKind::CharDevice
-    } else if ft.is_block_device() {
-        NodeKind::BlockDevice
-    } else if ft.is_file() {
-        NodeKind::File
-    } else {
-        NodeKind::Other
-    }
-}
-
-fn map_io(path: &str, e: io::Error) -> DevfsError {
-    let path = path.to_string();
-    match e.kind() {
-        io::ErrorKind::NotFound => DevfsError::NotFound { path },
-        io::ErrorKind::NotADirectory => DevfsError::NotADirectory { path },
-        // cap-std reports a resolution that would leave the root as PermissionDenied.
-        io::ErrorKind::PermissionDenied => DevfsError::Escape { path },
-        _ => DevfsError::Io { path, error: e },
-    }
 }
 
 #[cfg(test)]
@@ -532,8 +403,6 @@ mod tests {
     /// question as the real directory does: nodes, links, listings, and the same refusals.
     #[test]
     fn a_recorded_table_answers_like_the_directory() {
-        use crate::snapshot::record::Recorder;
-        use crate::snapshot::table::DevTable;
         let tmp = tempfile::tempdir().unwrap();
         let dev = tmp.path().join("dev");
         std::fs::create_dir_all(dev.join("dri/by-path")).unwrap();
@@ -589,7 +458,7 @@ mod tests {
             )
         };
         let on_disk: Vec<_> = paths.iter().map(|p| answers(&real, p)).collect();
-        let rec = recorder.finish(&crate::tree::DeviceTree::default());
+        let rec = recorder.finish();
         assert!(
             rec.dev.values().all(|e| e.contents.is_none()),
             "no contents under /dev"

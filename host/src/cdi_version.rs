@@ -1,6 +1,9 @@
 //! CDI specification versions, what each one added, and the lowest version a spec's content
 //! needs.
 //!
+//! A leaf below both [`crate::tree`] (which checks the CDI device names a guest returns with
+//! [`is_qualified_name`]) and [`crate::cdi`] (which writes spec files at these versions).
+//!
 //! A container runtime refuses a whole spec file whose `cdiVersion` its CDI library does not
 //! know (podman 4.3's library stops at 0.5.0 and answers "invalid version"), and it refuses a
 //! field or a name its version does not have (specs are decoded strictly). So a spec must say
@@ -26,13 +29,21 @@ use serde_json::Value;
 /// A released version of the CDI specification, oldest first (the order is the release order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CdiVersion {
+    /// The first tagged release.
     V0_3_0,
+    /// Adds a mount's `type`.
     V0_4_0,
+    /// Adds a node's `hostPath` and names starting with a digit.
     V0_5_0,
+    /// Adds annotations and dots in the kind's name part.
     V0_6_0,
+    /// Adds `intelRdt` and `additionalGids`.
     V0_7_0,
+    /// No file format change.
     V0_8_0,
+    /// No file format change.
     V1_0_0,
+    /// Adds `netDevices`.
     V1_1_0,
 }
 
@@ -79,11 +90,17 @@ impl std::fmt::Display for CdiVersion {
 /// The kinds of JSON object a spec is made of, each with its own fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
+    /// The spec document.
     Spec,
+    /// One entry of `devices`.
     Device,
+    /// `containerEdits`, of the spec or a device.
     ContainerEdits,
+    /// One entry of `deviceNodes`.
     DeviceNode,
+    /// One entry of `mounts`.
     Mount,
+    /// One entry of `hooks`.
     Hook,
 }
 
@@ -213,7 +230,7 @@ fn name_ok(s: &str, first: fn(&u8) -> bool, extra: &[u8]) -> bool {
 }
 
 /// The lowest version that has every field and name `doc` (a CDI spec as JSON) uses. Fields no
-/// version has are left to [`super::schema::check`], which refuses them.
+/// version has are left to [`crate::cdi::schema::check`], which refuses them.
 pub fn minimum(doc: &Value) -> CdiVersion {
     let mut need = V0_3_0;
     walk(doc, Object::Spec, &mut need);

@@ -1,0 +1,23 @@
+//! Where a guest's notified trees go: the one thing the sandbox hands upward.
+//!
+//! The sandbox does not judge trees. The `notify` import passes each one, as the guest wrote it,
+//! to the [`TreeSink`] its store was built with; the supervisor implements the trait (validation,
+//! policy, NUMA affinity, counters), so the data path runs one way: guest, sandbox, sink.
+
+use futures::future::BoxFuture;
+
+use crate::bindings::types;
+
+/// The receiving end of a guest's `notify` calls.
+///
+/// One method, called once per notified tree, in order. The future may wait: that back-pressures
+/// a guest that notifies faster than the host consumes, without the sandbox knowing why.
+pub trait TreeSink: Send {
+    /// Takes one tree; [`SinkClosed`] when nobody listens any more, which stops the guest.
+    fn notify(&mut self, tree: types::DeviceTree) -> BoxFuture<'_, Result<(), SinkClosed>>;
+}
+
+/// The sink's reader is gone: the guest is stopped, since its trees would go nowhere.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the host stopped listening for its trees")]
+pub struct SinkClosed;

@@ -1,0 +1,374 @@
+//! The registration state machine of one resource server: serve, register (waiting for
+//! kubelet's socket), wait for kubelet to restart, delete our socket or lose our stream, and
+//! again, until stopped.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::net::UnixListener;
+use tokio::sync::{broadcast, watch};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use super::PluginSockets;
+use super::service::PluginService;
+use wdp_kubelet::api::device_plugin_server::DevicePluginServer;
+use wdp_kubelet::dir::{self, DirEvent};
+use wdp_kubelet::register;
+
+/// Why a served socket stopped being useful, or its registration did.
+enum Restart {
+    /// kubelet restarted (`kubelet.sock` recreated) or deleted our socket.
+    Kubelet,
+    /// kubelet's stream ended while it kept running: register again on the same socket.
+    StreamLost,
+    /// The server was stopped.
+    Stopped,
+}
+
+/// kubelet's ListAndWatch streams on one resource's socket: which is the latest, and the number
+/// of the last one that ended while the server was serving. Each stream reports its own end
+/// (see [`StreamEnd`]), so an older stream ending late is told apart from the current one.
+#[derive(Debug)]
+pub(super) struct Streams {
+    pub(super) opened: AtomicU64,
+    pub(super) lost: watch::Sender<u64>,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams {
+            opened: AtomicU64::new(0),
+            lost: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Streams {
+    pub(super) fn opened(&self) -> u64 {
+        self.opened.load(Ordering::SeqCst)
+    }
+}
+
+/// Held by one ListAndWatch stream: its drop (kubelet went away from it, or the server stops)
+/// reports a loss when the stream was the latest and the server was not stopping.
+pub(super) struct StreamEnd {
+    pub(super) streams: Arc<Streams>,
+    pub(super) number: u64,
+    pub(super) stop: CancellationToken,
+}
+
+impl Drop for StreamEnd {
+    fn drop(&mut self) {
+        if !self.stop.is_cancelled() && self.streams.opened() == self.number {
+            self.streams.lost.send_replace(self.number);
+        }
+    }
+}
+
+/// The delay before registering again after a stream loss: none for a loss on its own, then
+/// doubling from 10 ms up to 5 s while each new registration's stream is lost again within a
+/// second (a kubelet that drops every stream at once must not be hammered).
+#[derive(Debug, Default)]
+struct LossBackoff {
+    delay: Duration,
+}
+
+impl LossBackoff {
+    fn next(&mut self, registration_lived: Duration) -> Duration {
+        if registration_lived > Duration::from_secs(1) {
+            self.delay = Duration::ZERO;
+        }
+        let now = self.delay;
+        self.delay = (self.delay * 2)
+            .max(Duration::from_millis(10))
+            .min(Duration::from_secs(5));
+        now
+    }
+}
+
+/// Serve, register, wait, and again after every kubelet restart, until cancelled.
+pub(super) async fn lifecycle(
+    kubelet: Arc<PluginSockets>,
+    service: PluginService,
+    cancel: CancellationToken,
+) {
+    let resource = service.resource.clone();
+    // Subscribe first: events from here on are seen, including those racing our own setup.
+    let mut events = kubelet.dir.subscribe();
+    let mut bind_delay = Duration::from_millis(100);
+    loop {
+        let started = Instant::now();
+        let listener = match bind(&resource.socket) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(resource = %resource.name, socket = %resource.socket.display(), error = %e, "cannot listen; retrying");
+                if retry_bind_after(bind_delay, &cancel, &mut events).await {
+                    break;
+                }
+                bind_delay = (bind_delay * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        // kubelet's cleanup may unlink the socket between bind and this look; "absent" then
+        // could not be told apart from "still ours" later, so bind again at once.
+        let Some(inode) = socket_inode(&resource.socket) else {
+            tracing::debug!(resource = %resource.name, "socket removed as soon as bound; binding again");
+            continue;
+        };
+        // Not a child of `cancel`: streams must end only after the socket is unlinked below, so
+        // whoever sees a stream end never finds the socket of a stopped resource.
+        let serving = CancellationToken::new();
+        let server = tokio::spawn(serve(listener, service.clone(), serving.clone()));
+
+        let mut backoff = LossBackoff::default();
+        let outcome = loop {
+            // Streams opened from here on belong to this registration (kubelet may open one
+            // before its Register answer reaches us).
+            let before = service.streams.opened();
+            match register_until_done(&kubelet, &service, &cancel, &mut events, inode).await {
+                Registration::Stopped => break Restart::Stopped,
+                Registration::SocketGone => break Restart::Kubelet,
+                Registration::Done(dialed) => {
+                    tracing::info!(resource = %resource.name, elapsed = ?started.elapsed(), "registered with kubelet");
+                    let registered = Instant::now();
+                    service.status.registered(true);
+                    let restart = wait_for_restart(
+                        &kubelet,
+                        &service,
+                        &cancel,
+                        &mut events,
+                        inode,
+                        dialed,
+                        before,
+                    )
+                    .await;
+                    service.status.registered(false);
+                    let Restart::StreamLost = restart else {
+                        break restart;
+                    };
+                    service.status.stream_lost();
+                    let delay = backoff.next(registered.elapsed());
+                    tracing::warn!(resource = %resource.name, ?delay, "kubelet's ListAndWatch stream ended while it kept running; registering again");
+                    tokio::select! {
+                        _ = cancel.cancelled() => break Restart::Stopped,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        };
+        if let Restart::Stopped = outcome {
+            // Unlink first: no new connection may reach a server that is going away.
+            let _ = std::fs::remove_file(&resource.socket);
+        }
+        serving.cancel();
+        let _ = server.await;
+        if let Restart::Stopped = outcome {
+            break;
+        }
+        tracing::info!(resource = %resource.name, "kubelet restarted; serving and registering again");
+    }
+    // After a kubelet cleanup the socket may already be gone; that is fine.
+    let _ = std::fs::remove_file(&resource.socket);
+    tracing::info!(resource = %resource.name, "stopped");
+}
+
+/// Waits `delay` before binding again, or less when the plugin directory is created again (the
+/// watch then reports [`DirEvent::Overflow`]); true when the server was stopped meanwhile.
+async fn retry_bind_after(
+    delay: Duration,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+) -> bool {
+    let deadline = tokio::time::sleep(delay);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return true,
+            _ = &mut deadline => return false,
+            event = dir::next_event(events) => match event {
+                Some(DirEvent::Overflow) => return false,
+                // The watch is gone (the host is stopping): the deadline still holds.
+                None => {
+                    tokio::select! {
+                        _ = cancel.cancelled() => return true,
+                        _ = &mut deadline => return false,
+                    }
+                }
+                Some(_) => {}
+            },
+        }
+    }
+}
+
+/// How a registration attempt ended.
+enum Registration {
+    /// Registered with the kubelet listening on the `kubelet.sock` of this inode.
+    Done(Option<u64>),
+    /// kubelet cleaned the directory while we were starting: serve again.
+    SocketGone,
+    Stopped,
+}
+
+/// Registers until it succeeds, our socket disappears, or the server is stopped.
+async fn register_until_done(
+    kubelet: &PluginSockets,
+    service: &PluginService,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+    inode: u64,
+) -> Registration {
+    let resource = &service.resource;
+    // Short at first: the usual failure is a kubelet caught between creating its socket (which
+    // woke us) and listening on it, a window of microseconds; then doubling up to 5 s.
+    let mut delay = Duration::from_millis(5);
+    let mut warned = false;
+    loop {
+        if socket_inode(&resource.socket) != Some(inode) {
+            return Registration::SocketGone;
+        }
+        if kubelet.socket.exists() {
+            // The Created event of the very kubelet we are about to call may still be queued:
+            // only a socket other than this one means a new kubelet.
+            let dialed = socket_inode(&kubelet.socket);
+            let attempt = register::register(
+                &kubelet.socket,
+                &resource.endpoint,
+                &resource.name,
+                service.options(),
+            );
+            tokio::pin!(attempt);
+            // A kubelet that never answers must not hold us: if kubelet.sock is recreated while
+            // we wait, a new kubelet is there, and the attempt starts over at once.
+            let result = loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return Registration::Stopped,
+                    r = &mut attempt => break Some(r),
+                    event = dir::next_event(events) => match event {
+                        Some(DirEvent::Created(name))
+                            if kubelet.is_socket(&name) && socket_inode(&kubelet.socket) != dialed =>
+                        {
+                            tracing::warn!(resource = %resource.name, "kubelet restarted during registration; registering again");
+                            break None;
+                        }
+                        // The directory watch is gone (the host is stopping): just finish.
+                        None => break Some((&mut attempt).await),
+                        Some(_) => {}
+                    },
+                }
+            };
+            let Some(result) = result else { continue };
+            match result {
+                Ok(()) => return Registration::Done(dialed),
+                Err(e) if !warned => {
+                    tracing::warn!(resource = %resource.name, error = %e, "registration failed; retrying");
+                    warned = true;
+                }
+                Err(e) => {
+                    tracing::debug!(resource = %resource.name, error = %e, "registration failed")
+                }
+            }
+        } else if !warned {
+            tracing::warn!(resource = %resource.name, kubelet = %kubelet.socket.display(), "kubelet socket absent; waiting for it");
+            warned = true;
+        }
+        // Wait for kubelet.sock to (re)appear, with a backoff as a safety net.
+        let deadline = tokio::time::sleep(delay);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Registration::Stopped,
+                _ = &mut deadline => break,
+                event = dir::next_event(events) => match event {
+                    Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => break,
+                    Some(DirEvent::Overflow) | None => break,
+                    Some(_) => {}
+                },
+            }
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// After registering with the kubelet of `kubelet.sock` inode `dialed`: waits for kubelet to
+/// restart, for a stream opened after `before` to be lost, or for a stop.
+async fn wait_for_restart(
+    kubelet: &PluginSockets,
+    service: &PluginService,
+    cancel: &CancellationToken,
+    events: &mut broadcast::Receiver<DirEvent>,
+    inode: u64,
+    dialed: Option<u64>,
+    before: u64,
+) -> Restart {
+    let resource = &service.resource;
+    let mut lost = service.streams.lost.subscribe();
+    let mut threshold = before;
+    // Events queued before registration finished are history now.
+    while events.try_recv().is_ok() {}
+    loop {
+        if socket_inode(&resource.socket) != Some(inode) {
+            return Restart::Kubelet;
+        }
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return Restart::Stopped,
+            ended = lost.wait_for(|n| *n > threshold) => {
+                // The same kubelet: it stopped the endpoint. Another one (or none): its
+                // restart is seen through the directory, as always.
+                if dialed.is_some() && socket_inode(&kubelet.socket) == dialed {
+                    return Restart::StreamLost;
+                }
+                threshold = ended.map(|n| *n).unwrap_or(u64::MAX);
+                continue;
+            }
+            event = dir::next_event(events) => event,
+        };
+        match event {
+            Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => {
+                return Restart::Kubelet;
+            }
+            // kubelet went away: our registration went with it, until the next kubelet.
+            Some(DirEvent::Removed(name)) if kubelet.is_socket(&name) => {
+                service.status.registered(false);
+            }
+            // A removal of our socket is re-checked by inode at the top of the loop.
+            Some(_) => {}
+            // The directory watch is gone: nothing more to wait for but the stop.
+            None => {
+                cancel.cancelled().await;
+                return Restart::Stopped;
+            }
+        }
+    }
+}
+
+/// Runs the gRPC server on `listener` until `stop`; streams end first so shutdown is prompt.
+async fn serve(listener: UnixListener, service: PluginService, stop: CancellationToken) {
+    let service = PluginService {
+        stop: stop.clone(),
+        ..service
+    };
+    let result = tonic::transport::Server::builder()
+        .add_service(DevicePluginServer::new(service))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled_owned())
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "device plugin server failed");
+    }
+}
+
+fn bind(socket: &Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    UnixListener::bind(socket)
+}
+
+fn socket_inode(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
