@@ -313,3 +313,78 @@ async fn a_refused_registration_is_on_readyz() {
     assert!(host.terminate().await.success());
     dp_kubelet.stop().await;
 }
+
+/// Hot reload adds and removes DRA scanners: removed, its sockets go (and kubelet's watcher
+/// deregisters it) while the device-plugin scanner stays; added back, it registers and publishes
+/// again; a reload breaking a DRA rule (no CDI) is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_adds_and_removes_dra_scanners() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let full = std::fs::read_to_string(&config).unwrap();
+    let plugins = f.plugin_dir();
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let reg_socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
+
+    // Without its cdi: refused, the driver stays.
+    std::fs::write(
+        &config,
+        full.replacen(
+            &format!("    cdi: {{ dir: {} }}\n", f.path().join("cdi").display()),
+            "",
+            1,
+        ),
+    )
+    .unwrap();
+    let log = host.logged("config reload refused", 1).await;
+    assert!(
+        log.contains("scanners[0].cdi: is required with frontend: dra"),
+        "{log}"
+    );
+    assert!(reg_socket.exists());
+
+    // The DRA scanner removed: its sockets go, the other scanner is untouched.
+    let (_, net) = full.split_once("  - name: net").unwrap();
+    std::fs::write(&config, format!("scanners:\n  - name: net{net}")).unwrap();
+    host.logged("removed [kvm]", 1).await;
+    eventually("the DRA sockets removed", || async {
+        (!reg_socket.exists() && !dirs.plugins.join(DRIVER).join("dra.sock").exists()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        seen.registrations("net.example.com/kvm"),
+        1,
+        "not restarted"
+    );
+
+    // Added back: registered again, slices published.
+    std::fs::write(&config, &full).unwrap();
+    eventually("registered again", || async {
+        (kubelet.registrations(DRIVER) >= 2).then_some(())
+    })
+    .await;
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered again");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    assert_eq!(
+        seen.registrations("net.example.com/kvm"),
+        1,
+        "not restarted"
+    );
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
