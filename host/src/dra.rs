@@ -26,6 +26,9 @@ use wdp_dra::registration::{Endpoints, Registrar, RegistrationState, Registratio
 use wdp_dra::seam::{Device, Inventory, Pool};
 
 use crate::config::{ApiServer, DraConfig};
+use crate::hostfs::sys::{SysDir, SysReads};
+use crate::hostfs::{DevFs, NodeKind};
+use crate::sandbox::Roots;
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceTree, Health};
 
@@ -66,12 +69,18 @@ pub struct DraDriver {
     inventory: watch::Sender<Inventory>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Where the device nodes sit on the PCI bus, when the roots can be read.
+    pci: Option<PciPlacement>,
 }
 
 impl DraDriver {
     /// Starts serving `config`'s driver with an empty inventory; kubelet's registration answers
     /// go to `status` (not ready until kubelet registered it).
-    pub fn start(config: &DraConfig, status: ScannerHandle) -> Result<Self, DraError> {
+    pub fn start(
+        config: &DraConfig,
+        roots: &Roots,
+        status: ScannerHandle,
+    ) -> Result<Self, DraError> {
         let driver = config.driver.clone();
         let api = match config.api_server {
             ApiServer::InCluster => ApiClient::in_cluster().map_err(|source| DraError::Api {
@@ -154,12 +163,20 @@ impl DraDriver {
             shutdown(),
         )));
         tracing::info!(driver = %driver, registration = %endpoints.registration_socket().display(), dra = %endpoints.dra_socket().display(), "serving through DRA");
+        let pci = match PciPlacement::new(roots) {
+            Ok(pci) => Some(pci),
+            Err(e) => {
+                tracing::warn!(driver = %driver, dev = %roots.dev.display(), error = %e, "no PCI placement in the slices");
+                None
+            }
+        };
         Ok(DraDriver {
             driver,
             node_name: config.node_name.clone(),
             inventory,
             stop,
             tasks,
+            pci,
         })
     }
 
@@ -170,7 +187,11 @@ impl DraDriver {
 
     /// Serves `tree` (its CDI names already filled in by the manager) as the driver's pool.
     pub fn update(&self, tree: &DeviceTree) {
-        let pools = vec![pool(&self.node_name, tree)];
+        let mut pool = pool(&self.node_name, tree);
+        if let Some(pci) = &self.pci {
+            pci.fill(&mut pool, tree);
+        }
+        let pools = vec![pool];
         self.inventory.send_if_modified(|inventory| {
             if inventory.pools == pools {
                 return false;
@@ -244,6 +265,95 @@ pub fn pool(node: &str, tree: &DeviceTree) -> Pool {
     }
 }
 
+/// Where sysfs puts device nodes on the PCI bus: the `resource.kubernetes.io/pciBusID` and
+/// `pcieRoot` attributes the scheduler aligns devices of different drivers with.
+pub struct PciPlacement {
+    dev: DevFs,
+    sys: SysDir,
+}
+
+impl PciPlacement {
+    /// Placement read from the host's roots (the ones guests see).
+    pub fn new(roots: &Roots) -> std::io::Result<Self> {
+        Ok(PciPlacement {
+            dev: DevFs::open(&roots.dev)?,
+            sys: SysDir::new(&roots.sys),
+        })
+    }
+
+    /// The PCI function (`0000:3b:00.0`) and root complex (`pci0000:3a`) of the device node at
+    /// `path` (under /dev): from `<sys>/dev/{char,block}/MAJ:MIN`, the last PCI address and the
+    /// first root in the resolved path below `<sys>/devices`. None for a node off the PCI bus.
+    pub fn of_node(&self, path: &str) -> Option<(String, String)> {
+        let node = self.dev.stat_following(path).ok()?;
+        let class = match node.kind {
+            NodeKind::CharDevice => "char",
+            NodeKind::BlockDevice => "block",
+            _ => return None,
+        };
+        if node.major == 0 {
+            return None;
+        }
+        let link = self
+            .sys
+            .root()
+            .join("dev")
+            .join(class)
+            .join(format!("{}:{}", node.major, node.minor));
+        let device = self.sys.canonicalize(&link).ok()?;
+        let below = device.strip_prefix(self.sys.root().join("devices")).ok()?;
+        let parts: Vec<&str> = below.iter().filter_map(|c| c.to_str()).collect();
+        let root = parts.first().filter(|r| is_pci_root(r))?;
+        let function = parts.iter().rev().find(|p| is_pci_address(p))?;
+        Some((function.to_string(), root.to_string()))
+    }
+
+    /// Sets the PCI placement of every device of `pool` whose first device node in `tree` has
+    /// one. Nodes many devices share (slot devices) are looked up once.
+    fn fill(&self, pool: &mut Pool, tree: &DeviceTree) {
+        let mut known: BTreeMap<&str, Option<(String, String)>> = BTreeMap::new();
+        let firsts = tree
+            .0
+            .values()
+            .flat_map(|g| g.values())
+            .map(|info| info.nodes.first().map(|n| n.host_path.as_str()));
+        // `pool` lists the devices in the tree's order (see `pool`).
+        for (device, node) in pool.devices.iter_mut().zip(firsts) {
+            let Some(node) = node else { continue };
+            let placement = known.entry(node).or_insert_with(|| self.of_node(node));
+            if let Some((bus_id, root)) = placement {
+                device.pci_bus_id = Some(bus_id.clone());
+                device.pcie_root = Some(root.clone());
+            }
+        }
+    }
+}
+
+/// `pci0000:3a`: a PCI root bus as sysfs names it (domain and bus in hex).
+fn is_pci_root(s: &str) -> bool {
+    s.strip_prefix("pci").is_some_and(|rest| {
+        let b = rest.as_bytes();
+        b.len() == 7 && b[4] == b':' && hex(&b[..4]) && hex(&b[5..])
+    })
+}
+
+/// `0000:3b:00.0`: a PCI function address (domain, bus, device, function in hex).
+fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && hex(&b[..4])
+        && hex(&b[5..7])
+        && hex(&b[8..10])
+        && hex(&b[11..])
+}
+
+fn hex(b: &[u8]) -> bool {
+    b.iter().all(u8::is_ascii_hexdigit)
+}
+
 /// Reports kubelet's registration answers to `/readyz` until `shutdown`, and republishes the
 /// slices when kubelet registers the driver (a starting kubelet deletes every slice of its
 /// node first).
@@ -282,6 +392,17 @@ async fn report_registration(
 mod tests {
     use super::*;
     use crate::tree::DeviceInfo;
+
+    #[test]
+    fn pci_names() {
+        assert!(is_pci_root("pci0000:3a") && !is_pci_root("pci0000:3") && !is_pci_root("virtual"));
+        assert!(is_pci_address("0000:3b:00.0"));
+        assert!(
+            !is_pci_address("0000:3b:00")
+                && !is_pci_address("card0")
+                && !is_pci_address("0000:3b:0g.0")
+        );
+    }
 
     #[test]
     fn a_tree_becomes_one_pool_with_unique_names_numa_and_cdi() {

@@ -17,6 +17,7 @@ use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::config::DraConfig;
 use crate::dra::DraDriver;
 use crate::hooks::Hooks;
+use crate::sandbox::Roots;
 use crate::scanner::ScannerEvent;
 use crate::server::{PluginSockets, ResourceServer};
 use crate::status::ScannerHandle;
@@ -115,7 +116,7 @@ pub struct Manager {
 /// A manager's DRA front-end, if it has one.
 enum Dra {
     None,
-    Configured(DraConfig),
+    Configured(DraConfig, Roots),
     Running(DraDriver),
     /// Configured, but it could not start (logged and on /readyz): nothing is served.
     Failed,
@@ -145,9 +146,10 @@ impl Manager {
     }
 
     /// Serves this scanner's trees through the DRA driver of `config` instead of device-plugin
-    /// servers; it needs [`Manager::with_cdi`] too (the config refuses DRA without CDI).
-    pub fn with_dra(mut self, config: DraConfig) -> Self {
-        self.dra = Dra::Configured(config);
+    /// servers; it needs [`Manager::with_cdi`] too (the config refuses DRA without CDI). The
+    /// PCI placement of device nodes is read below `roots`, the ones the guest sees.
+    pub fn with_dra(mut self, config: DraConfig, roots: Roots) -> Self {
+        self.dra = Dra::Configured(config, roots);
         self
     }
 
@@ -173,8 +175,8 @@ impl Manager {
     /// Applies events until the scanner's channel closes, then stops every server and removes
     /// the scanner from the shared status.
     pub async fn run(mut self, mut events: mpsc::Receiver<ScannerEvent>) {
-        if let Dra::Configured(config) = &self.dra {
-            self.dra = match DraDriver::start(config, self.status.clone()) {
+        if let Dra::Configured(config, roots) = &self.dra {
+            self.dra = match DraDriver::start(config, roots, self.status.clone()) {
                 Ok(driver) => Dra::Running(driver),
                 Err(e) => {
                     tracing::error!(scanner = &*self.scanner, error = %e, "not served");

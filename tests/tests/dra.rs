@@ -87,6 +87,19 @@ fn published(api: &ApiServerStandIn) -> Vec<(String, String)> {
     out
 }
 
+/// The string attribute `key` of device `device` in the driver's slices.
+fn attribute(api: &ApiServerStandIn, device: &str, key: &str) -> Option<String> {
+    api.slices()
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .find(|d| d.name == device)?
+        .attributes?
+        .get(key)?
+        .string
+        .clone()
+}
+
 async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
     let want: Vec<(String, String)> = devices
         .iter()
@@ -160,6 +173,11 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     f.char_dev("net/tun", 10, 200);
+    // /dev/kvm's sysfs device sits below a PCI function: its placement reaches the slices.
+    let function = f.pci_device("0000:00:1f.0", &[]);
+    f.sys_dir(&format!("{function}/misc/kvm"));
+    f.sys_dir("dev/char");
+    f.sys_link("dev/char/10:232", &format!("../../{function}/misc/kvm"));
     let dirs = KubeletDirs::new(&f);
     let api = ApiServerStandIn::start()
         .await
@@ -180,6 +198,22 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     );
     assert!(dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
     until_published(&api, &["kvm-0", "kvm-1", "tun-0", "tun-1"]).await;
+    let pci = |device: &str| {
+        (
+            attribute(&api, device, "resource.kubernetes.io/pciBusID"),
+            attribute(&api, device, "resource.kubernetes.io/pcieRoot"),
+        )
+    };
+    assert_eq!(
+        pci("kvm-1"),
+        (Some("0000:00:1f.0".into()), Some("pci0000:00".into()))
+    );
+    assert_eq!(pci("tun-0"), (None, None), "no sysfs device: no placement");
+    assert_eq!(
+        attribute(&api, "kvm-1", "id").as_deref(),
+        Some("kvm-1"),
+        "the raw id"
+    );
 
     // The device-plugin scanner: its resources on kubelet's device-plugin socket, none of the
     // DRA scanner's there.
