@@ -299,6 +299,24 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     dp_kubelet.stop().await;
 }
 
+/// `wdp run --metrics-addr` on a free port, and the address it serves on (from its log).
+async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
+    let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
+    let addr = eventually("the metrics address in the host's log", || async {
+        let log = host.log();
+        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+        let port: String = line
+            .split("127.0.0.1:")
+            .nth(1)?
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        Some(format!("127.0.0.1:{port}"))
+    })
+    .await;
+    (host, addr)
+}
+
 /// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_on_readyz() {
@@ -319,19 +337,7 @@ async fn a_refused_registration_is_on_readyz() {
     let (dp_kubelet, observed) =
         wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
     let mut seen = Seen::new(observed);
-    let host = Host::start_with(&config, &plugins, &f, &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = eventually("the metrics address in the host's log", || async {
-        let log = host.log();
-        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-        let port: String = line
-            .split("127.0.0.1:")
-            .nth(1)?
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        Some(format!("127.0.0.1:{port}"))
-    })
-    .await;
+    let (host, addr) = with_metrics(&f, &config, &plugins).await;
     seen.devices("net.example.com/kvm", &["kvm-0"]).await;
     let body = eventually("/readyz with kubelet's refusal", || async {
         let (code, body) = http_get(&addr, "/readyz").await.ok()?;
@@ -419,6 +425,40 @@ async fn reload_adds_and_removes_dra_scanners() {
         1,
         "not restarted"
     );
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
+
+/// A DRA driver that cannot start (in-cluster API server configuration, outside a cluster)
+/// serves nothing and keeps the host not ready with why; the device-plugin scanner is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_without_its_api_server_is_on_readyz() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let in_cluster = text.replace(&format!("http://{}", api.addr()), "in-cluster");
+    assert_ne!(in_cluster, text);
+    std::fs::write(&config, in_cluster).unwrap();
+    let plugins = f.plugin_dir();
+    let (dp_kubelet, observed) =
+        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let body = eventually("/readyz naming the API server", || async {
+        let (code, body) = http_get(&addr, "/readyz").await.ok()?;
+        assert_eq!(code, 503, "ready without an API server: {body}");
+        body.contains("scanner kvm: DRA driver devices.example.com: the API server")
+            .then_some(body)
+    })
+    .await;
+    assert!(!body.contains("net.example.com"), "{body}");
+    assert!(!dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
     assert!(host.terminate().await.success());
     dp_kubelet.stop().await;
 }

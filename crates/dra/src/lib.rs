@@ -58,8 +58,7 @@
 //! # Not here yet
 //!
 //! `wdp run` (its `dra` module) builds the [`seam::Inventory`] from its trees and starts the
-//! pieces above for scanners configured with `frontend: dra`; it has no PCI placement to give
-//! yet (`pci_bus_id` and `pcie_root` stay empty). Typed attributes and capacities from guests need a new minor version of the WIT
+//! pieces above for scanners configured with `frontend: dra`. Typed attributes and capacities from guests need a new minor version of the WIT
 //! contract; until then [`seam::Device::attributes`] and [`seam::Device::capacity`] are whatever
 //! the host fills in. The slice publisher re-lists on a timer rather than watching.
 #![warn(missing_docs)]
