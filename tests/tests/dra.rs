@@ -408,6 +408,14 @@ async fn reload_adds_and_removes_dra_scanners() {
         1,
         "not restarted"
     );
+    eventually("kubelet's watcher deregistered the driver", || async {
+        kubelet
+            .registered(DRIVER, Duration::ZERO)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
     // Added back: registered again, slices published.
     std::fs::write(&config, &full).unwrap();
