@@ -453,6 +453,14 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                         "is required with frontend: dra (a prepared claim names CDI devices only); add cdi: {}".into(),
                     ));
                 }
+                // Its hooks answer Allocate, GetPreferredAllocation and PreStartContainer, which
+                // DRA does not call: it would be loaded and never run.
+                if post_allocator.is_some() {
+                    return Err(invalid(
+                        key("post-allocator"),
+                        "is never called with frontend: dra (DRA has no Allocate, preferred allocation or pre-start call); remove it".into(),
+                    ));
+                }
                 let driver = s
                     .dra
                     .and_then(|d| d.driver)
@@ -924,6 +932,10 @@ mod tests {
             (
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, frontend: dra}",
                 "scanners[0].cdi: is required with frontend: dra",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, cdi: {}, frontend: dra, post-allocator: hook.wasm}",
+                "scanners[0].post-allocator: is never called with frontend: dra",
             ),
             (
                 "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, dra: {driver: x.io}}",
