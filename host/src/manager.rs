@@ -233,7 +233,8 @@ impl Manager {
             None => tree,
         };
         let d = diff(&self.current, tree);
-        if let Dra::Running(_) | Dra::Failed = &self.dra {
+        // A DRA scanner has no device-plugin servers, whether its driver runs or not.
+        if !matches!(self.dra, Dra::None) {
             if let Dra::Running(driver) = &self.dra {
                 driver.update(tree);
             }

@@ -549,6 +549,27 @@ mod tests {
     }
 
     #[test]
+    fn a_dra_driver_kubelet_has_not_registered_keeps_the_host_not_ready() {
+        let obs = Observability::new();
+        let kvm = obs.add_scanner("kvm", Arc::default());
+        obs.loaded();
+        kvm.event(&ScannerEvent::Tree(Arc::default()));
+        assert_eq!(obs.readiness(), Ok(()));
+        kvm.dra_not_ready(Some(
+            "DRA driver x.io: kubelet refused the registration: no".into(),
+        ));
+        assert_eq!(
+            obs.readiness().unwrap_err(),
+            ["scanner kvm: DRA driver x.io: kubelet refused the registration: no"]
+        );
+        kvm.dra_not_ready(None);
+        assert_eq!(obs.readiness(), Ok(()));
+        kvm.dra_not_ready(Some("pending".into()));
+        kvm.remove();
+        assert_eq!(obs.readiness(), Ok(()), "gone with its scanner");
+    }
+
+    #[test]
     fn ready_once_every_scanner_has_a_tree_and_every_resource_is_registered() {
         let obs = Observability::new();
         assert_eq!(
