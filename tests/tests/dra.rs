@@ -4,7 +4,7 @@
 //! served through the device-plugin API to the device-plugin kubelet stand-in.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -185,6 +185,7 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     let config = config(&f, &dirs, &api);
     let plugins = f.plugin_dir();
     let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    let started = Instant::now();
     let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
 
     let registered = kubelet
@@ -198,6 +199,7 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     );
     assert!(dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
     until_published(&api, &["kvm-0", "kvm-1", "tun-0", "tun-1"]).await;
+    let published_after = started.elapsed();
     let pci = |device: &str| {
         (
             attribute(&api, device, "resource.kubernetes.io/pciBusID"),
@@ -234,14 +236,23 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
         device_name: "kvm-1".into(),
         cdi_device_ids: vec![format!("{DRIVER}/kvm=kvm-1")],
     }];
+    let first = Instant::now();
     let answer = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
+    let first = first.elapsed();
     let entry = &answer[claim.metadata.uid.as_deref().unwrap()];
     assert_eq!((entry.error.as_str(), &entry.devices), ("", &want));
     let edits = resolve_cdi(&f.path().join("cdi"), &want[0].cdi_device_ids[0])
         .expect("the runtime resolves the CDI id");
     assert_eq!(edits["deviceNodes"][0]["path"], "/dev/kvm");
+    let repeated = Instant::now();
     let again = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
+    let repeated = repeated.elapsed();
     assert_eq!(again, answer, "prepared twice, one answer");
+    // Informative, printed with --nocapture: the stand-in connects per call (kubelet keeps one
+    // connection per driver), so this is an upper bound of Prepare's own time.
+    eprintln!(
+        "wdp run start to slices published: {published_after:?}; Prepare: {first:?} first, {repeated:?} repeated (checkpointed)"
+    );
 
     // A claim nobody prepared (deleted before kubelet unprepared it): success.
     let unknown = ClaimRef {
