@@ -356,3 +356,117 @@ async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::pluginregistration::{
+        PluginInfo, RegistrationStatusResponse,
+        registration_server::{Registration, RegistrationServer},
+    };
+
+    /// A plugin's registration server answering GetInfo with `info`, keeping kubelet's answers.
+    #[derive(Clone)]
+    struct Plugin {
+        info: PluginInfo,
+        answers: Arc<Mutex<Vec<RegistrationStatus>>>,
+    }
+
+    #[tonic::async_trait]
+    impl Registration for Plugin {
+        async fn get_info(
+            &self,
+            _: tonic::Request<InfoRequest>,
+        ) -> Result<tonic::Response<PluginInfo>, tonic::Status> {
+            Ok(tonic::Response::new(self.info.clone()))
+        }
+
+        async fn notify_registration_status(
+            &self,
+            request: tonic::Request<RegistrationStatus>,
+        ) -> Result<tonic::Response<RegistrationStatusResponse>, tonic::Status> {
+            self.answers.lock().unwrap().push(request.into_inner());
+            Ok(tonic::Response::new(RegistrationStatusResponse {}))
+        }
+    }
+
+    fn plugin(registry: &Path, kind: &str, name: &str, versions: &[&str]) -> Plugin {
+        let plugin = Plugin {
+            info: PluginInfo {
+                r#type: kind.into(),
+                name: name.into(),
+                endpoint: registry.join("nowhere.sock").display().to_string(),
+                supported_versions: versions.iter().map(|v| v.to_string()).collect(),
+            },
+            answers: Arc::default(),
+        };
+        tokio::spawn(crate::socket::serve(
+            registry.join(format!("{name}-reg.sock")),
+            tonic::service::Routes::new(RegistrationServer::new(plugin.clone())),
+            Duration::from_secs(1),
+            std::future::pending(),
+            || {},
+        ));
+        plugin
+    }
+
+    #[tokio::test]
+    async fn the_watcher_picks_the_newest_dra_service_and_refuses_what_it_cannot_use() {
+        let api = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("plugins_registry");
+        let beta = plugin(&registry, PLUGIN_TYPE, "beta.example.com", &[DRA_V1BETA1]);
+        let both = plugin(
+            &registry,
+            PLUGIN_TYPE,
+            "both.example.com",
+            &[DRA_V1BETA1, DRA_V1],
+        );
+        let device_plugin = plugin(&registry, "DevicePlugin", "dp.example.com", &["v1beta1"]);
+        let future = plugin(&registry, PLUGIN_TYPE, "v9.example.com", &["v9.DRAPlugin"]);
+        let kubelet = KubeletStandIn::start(&registry, &api, "node-a");
+
+        let within = Duration::from_secs(5);
+        let r = kubelet
+            .registered("beta.example.com", within)
+            .await
+            .unwrap();
+        assert_eq!(r.version, DRA_V1BETA1);
+        let r = kubelet
+            .registered("both.example.com", within)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.version, DRA_V1,
+            "the newest both speak, whatever the order"
+        );
+        let answered = |p: &Plugin| p.answers.lock().unwrap().clone();
+        for _ in 0..100 {
+            if !answered(&device_plugin).is_empty() && !answered(&future).is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let refused = answered(&device_plugin);
+        assert!(!refused[0].plugin_registered, "{refused:?}");
+        assert!(refused[0].error.contains("\"DevicePlugin\""), "{refused:?}");
+        let refused = answered(&future);
+        assert!(!refused[0].plugin_registered);
+        assert!(refused[0].error.contains("v9.DRAPlugin"), "{refused:?}");
+        assert!(
+            kubelet
+                .registered("dp.example.com", Duration::ZERO)
+                .await
+                .is_none()
+        );
+        assert_eq!(
+            answered(&beta),
+            [RegistrationStatus {
+                plugin_registered: true,
+                error: String::new()
+            }]
+        );
+        assert_eq!(kubelet.registrations("both.example.com"), 1);
+        assert_eq!(answered(&both).len(), 1);
+    }
+}
