@@ -15,6 +15,7 @@ use wdp_dra::apiserver::standin::{ApiServerStandIn, validate};
 use wdp_dra::kubelet::KubeletStandIn;
 use wdp_dra::plugin::ClaimRef;
 use wdp_dra::proto::dra_v1;
+use wdp_dra::proto::health_v1::HealthStatus;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
@@ -263,13 +264,38 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     let out = kubelet.unprepare(DRIVER, &[unknown]).await.unwrap();
     assert_eq!(out["no-such-uid"], "");
 
-    // Hot-plug: /dev/fuse appears, its slots reach the slices.
+    // Hot-plug: /dev/fuse appears, its slots reach the slices and the health stream.
+    let mut health = kubelet.health(DRIVER).await.expect("the health stream");
     f.char_dev("fuse", 10, 229);
     until_published(
         &api,
         &["fuse-0", "fuse-1", "kvm-0", "kvm-1", "tun-0", "tun-1"],
     )
     .await;
+    let healthy = HealthStatus::Healthy as i32;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), health.message())
+            .await
+            .expect("a health message within 20 s")
+            .expect("the health stream")
+            .expect("the stream stays open");
+        let mut listed: Vec<(String, i32)> = message
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.device.as_ref()?.device_name.clone(), d.health)))
+            .collect();
+        listed.sort();
+        if listed.iter().any(|(name, _)| name == "fuse-0") {
+            let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                ["fuse-0", "fuse-1", "kvm-0", "kvm-1", "tun-0", "tun-1"]
+            );
+            assert!(listed.iter().all(|(_, h)| *h == healthy), "{listed:?}");
+            break;
+        }
+    }
+    drop(health);
 
     // wdp restarts: sockets removed at SIGTERM, specs and checkpoint kept; the same answer.
     assert!(host.terminate().await.success());

@@ -11,7 +11,8 @@
 //!   `NotifyRegistrationStatus`; a socket bound again (another inode) is registered again, a
 //!   socket removed deregisters the driver;
 //! - it calls `NodePrepareResources` and `NodeUnprepareResources` on the endpoint the driver
-//!   gave, with kubelet's 45 s timeout, through the service version it picked.
+//!   gave, with kubelet's 45 s timeout, through the service version it picked, and opens the
+//!   `NodeWatchResources` health stream of a driver that advertised `v1.DRAResourceHealth`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -29,8 +30,8 @@ use crate::plugin::ClaimRef;
 use crate::proto::pluginregistration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
 };
-use crate::proto::{dra_v1, dra_v1beta1};
-use crate::registration::{DRA_V1, DRA_V1BETA1, PLUGIN_TYPE};
+use crate::proto::{dra_v1, dra_v1beta1, health_v1};
+use crate::registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1, PLUGIN_TYPE};
 
 /// kubelet's timeout of a NodePrepareResources or NodeUnprepareResources call.
 pub const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(45);
@@ -182,6 +183,27 @@ impl KubeletStandIn {
                 )
             })
             .collect())
+    }
+
+    /// The `NodeWatchResources` stream of `driver`, as kubelet opens it for a driver that
+    /// advertised the health service.
+    pub async fn health(
+        &self,
+        driver: &str,
+    ) -> Result<tonic::Streaming<health_v1::NodeWatchResourcesResponse>, tonic::Status> {
+        let plugin = self.driver(driver)?;
+        if !plugin.supported_versions.iter().any(|v| v == HEALTH_V1) {
+            return Err(tonic::Status::unimplemented(format!(
+                "DRA driver {driver} did not advertise {HEALTH_V1}"
+            )));
+        }
+        let channel = connect(&plugin.endpoint).await?;
+        let mut client =
+            health_v1::dra_resource_health_client::DraResourceHealthClient::new(channel);
+        Ok(client
+            .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+            .await?
+            .into_inner())
     }
 
     /// NodeUnprepareResources of `claims` on `driver`: the error per claim UID (empty: done).
