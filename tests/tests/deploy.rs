@@ -15,6 +15,12 @@
 //!   serving the kubelet stand-in in a root-owned 0750 plugin dir, and its probe endpoints answer
 //!   as the probes expect.
 //!
+//! * DRA mode's Component (`deploy/dra/`) is rendered onto `deploy/` (and compared with kubectl's
+//!   rendering where kubectl exists), parsed the same way, and checked: the DRA pod is the
+//!   device-plugin pod plus a token, NODE_NAME and kubelet's DRA dirs; the RBAC rules; the
+//!   admission policy's CEL evaluated over admission requests; each DeviceClass's CEL selector
+//!   evaluated on the slices wdp-dra builds from the ConfigMap's scanners over a fixture.
+//!
 //! The manifests and the config are read from `deploy/`; only the paths that differ between a node
 //! and this test (component files, /sys and /dev roots, the writable dirs, the port) are moved.
 

@@ -19,6 +19,8 @@ use super::{ApiError, SliceStore, WatchEvent, WatchStream};
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between attempts.
 const MAX_PAUSE: Duration = Duration::from_secs(5);
+/// A watch that ends within this without an event is taken for a failure.
+const QUICK_END: Duration = Duration::from_secs(1);
 
 /// What the watcher saw.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +40,9 @@ pub struct SliceWatcher<S> {
     /// Where the next watch starts; `None`: list first.
     version: Option<String>,
     stream: Option<WatchStream>,
+    /// When the open watch started, until its first event: a watch that ends at once is
+    /// retried after a pause, not in a tight loop.
+    started: Option<tokio::time::Instant>,
     pause: Duration,
     lists: u64,
 }
@@ -51,6 +56,7 @@ impl<S: SliceStore> SliceWatcher<S> {
             driver: driver.into(),
             version: None,
             stream: None,
+            started: None,
             pause: FIRST_PAUSE,
             lists: 0,
         }
@@ -94,7 +100,10 @@ impl<S: SliceStore> SliceWatcher<S> {
             let stream = match &mut self.stream {
                 Some(stream) => stream,
                 None => match self.store.watch(&self.node, &self.driver, &version).await {
-                    Ok(stream) => self.stream.insert(stream),
+                    Ok(stream) => {
+                        self.started = Some(tokio::time::Instant::now());
+                        self.stream.insert(stream)
+                    }
                     Err(ApiError::Gone(why)) => {
                         tracing::info!(node = %self.node, driver = %self.driver, %why, "watch history gone; listing again");
                         self.version = None;
@@ -109,6 +118,7 @@ impl<S: SliceStore> SliceWatcher<S> {
             match stream.next().await {
                 Some(Ok(event)) => {
                     self.pause = FIRST_PAUSE;
+                    self.started = None;
                     if let Some(v) = event.resource_version() {
                         self.version = Some(v.to_owned());
                     }
@@ -125,8 +135,19 @@ impl<S: SliceStore> SliceWatcher<S> {
                     self.stream = None;
                     self.backoff(&e).await;
                 }
-                // The API server ended the watch (its timeout): resume where it was.
-                None => self.stream = None,
+                // The API server ended the watch (its timeout): resume where it was; at once
+                // unless it ended as soon as it began.
+                None => {
+                    self.stream = None;
+                    if self
+                        .started
+                        .take()
+                        .is_some_and(|at| at.elapsed() < QUICK_END)
+                    {
+                        let ended = ApiError::Transport("the watch ended at once".into());
+                        self.backoff(&ended).await;
+                    }
+                }
             }
         }
     }
