@@ -28,10 +28,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, ServiceAccount, Volume, VolumeMount,
 };
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
@@ -1242,12 +1247,6 @@ fn dependencies_take_patch_releases_and_can_be_audited() {
 
 // ---------------------------------------------------------------------------------------------
 // DRA mode: the overlay deploy/dra/
-
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 
 /// The keys of deploy/dra/kustomization.yaml this renderer implements.
 const OVERLAY_KEYS: [&str; 4] = ["apiVersion", "kind", "resources", "patches"];
