@@ -20,6 +20,7 @@ mod catalogue;
 mod cdi_podman;
 mod contract_minor;
 mod deploy;
+mod dra;
 mod faults;
 mod image;
 mod kubelet;
