@@ -248,3 +248,84 @@ async fn batched_reads_and_listings_are_confined_like_single_ones() {
         "{report:#?}"
     );
 }
+
+/// Through `frontend: dra`: the 0.1.1 guest's typed attributes and capacities reach its
+/// ResourceSlice (valid by the API server's rules), and the 0.1.0 guest is published beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attributes_reach_resource_slices_and_a_0_1_0_guest_is_published_too() {
+    use wdp_dra::apiserver::standin::{ApiServerStandIn, validate};
+    use wdp_dra::kubelet::KubeletStandIn;
+
+    let f = Fixture::new();
+    f.char_dev("legacy/a", 10, 200);
+    let registry = f.path().join("kubelet/plugins_registry");
+    let plugins_dra = f.path().join("kubelet/plugins");
+    std::fs::create_dir_all(&registry).unwrap();
+    std::fs::create_dir_all(&plugins_dra).unwrap();
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let attrs = r#"{"gpu": {"card0": {"attributes": {"model": "A100", "cores": 108}, "capacities": {"memory": "80Gi"}}}}"#;
+    let config = f.write_config(&format!(
+        "scanners:
+  - name: attrs
+    component: {static_tree}
+    namespace: attrs.example.com
+    env:
+      TREE: '{TREE}'
+      ATTRIBUTES: '{attrs}'
+    cdi: {{ dir: {cdi} }}
+    frontend: dra
+  - name: legacy
+    component: {legacy}
+    namespace: legacy.example.com
+    cdi: {{ dir: {cdi} }}
+    frontend: dra
+node:
+  name: node-1
+  plugins-dir: {plugins}
+  plugins-registry-dir: {registry}
+  api-server: http://{addr}
+",
+        static_tree = guest("static_tree").display(),
+        legacy = guest("legacy").display(),
+        cdi = f.path().join("cdi").display(),
+        plugins = plugins_dra.display(),
+        registry = registry.display(),
+        addr = api.addr(),
+    ));
+    let _kubelet = KubeletStandIn::start(&registry, &api, "node-1");
+    let plugins = f.plugin_dir();
+    let (_dp_kubelet, _seen, _host) = serve(&f, &config, &plugins);
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let slices = api.slices();
+        for slice in &slices {
+            assert_eq!(validate(slice), Vec::<String>::new(), "{slice:?}");
+        }
+        let devices = |driver: &str| -> Vec<_> {
+            slices
+                .iter()
+                .filter(|s| s.spec.driver == driver)
+                .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+                .collect()
+        };
+        let gpus = devices("attrs.example.com");
+        let legacy = devices("legacy.example.com");
+        if let (Some(card0), false) = (gpus.iter().find(|d| d.name == "card0"), legacy.is_empty()) {
+            let a = card0.attributes.clone().unwrap_or_default();
+            assert_eq!(a["model"].string.as_deref(), Some("A100"), "{card0:?}");
+            assert_eq!(a["cores"].int, Some(108), "{card0:?}");
+            let c = card0.capacity.clone().unwrap_or_default();
+            assert_eq!(c["memory"].value.0, "80Gi", "{card0:?}");
+            assert_eq!(legacy.len(), 1, "{legacy:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "slices never showed both drivers: {slices:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
