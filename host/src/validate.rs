@@ -52,9 +52,23 @@ impl Validator {
     /// One notified tree: the tree to serve, or why it is refused as a whole (the last good tree
     /// stays served).
     pub fn check(&mut self, tree: wit::DeviceTree) -> Result<DeviceTree, OutputError> {
+        self.check_with_attributes(tree, Vec::new())
+    }
+
+    /// [`Validator::check`] of a tree notified with typed attributes for its devices: they are
+    /// validated with it and kept on its devices.
+    pub fn check_with_attributes(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+    ) -> Result<DeviceTree, OutputError> {
         let metrics = &self.metrics;
         metrics.notified();
-        match self.policy.check_tree(tree, &self.devfs) {
+        let checked = self
+            .policy
+            .check_tree(tree, &self.devfs)
+            .and_then(|mut tree| tree.attach(attributes).map(|()| tree));
+        match checked {
             Ok(mut tree) => {
                 self.topology.fill(&mut tree, &self.devfs);
                 ScannerMetrics::bump(&metrics.trees_accepted);
