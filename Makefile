@@ -108,7 +108,7 @@ lint: setup
 ## proto: rewrite crates/kubelet/src/v1beta1.rs from proto/deviceplugin.proto (after changing the
 ## proto or upgrading prost/tonic; `make test` fails while the checked-in file is stale)
 proto:
-	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test proto
+	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test integration -- proto::
 
 ## test: everything CI runs
 test: build lint test-lang-units
@@ -161,7 +161,7 @@ bench:
 ## bench/RESULTS.md. `make test` runs the same test with 20 restarts.
 SOAK_RESTARTS ?= 200
 soak: rust-guests host
-	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test soak -- --nocapture
+	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test integration -- soak:: --nocapture
 
 ## audit: Cargo.lock against the RustSec advisory database (cargo-audit, installed from crates.io
 ## the first time). Needs to reach github.com/rustsec/advisory-db, so it is not part of `make test`.

@@ -105,11 +105,10 @@ pub fn scanner_yaml(
     s
 }
 
-/// Writes `scanners:` + `entries` to `<fixture>/<file>` and returns its path.
-pub fn write_config(f: &Fixture, file: &str, entries: &[String]) -> PathBuf {
-    let path = f.path().join(file);
-    std::fs::write(&path, format!("scanners:\n{}", entries.concat())).expect("write config");
-    path
+/// Writes `scanners:` + `entries` as the fixture's config ([`Fixture::write_config`]) and returns
+/// its path.
+pub fn write_config(f: &Fixture, entries: &[String]) -> PathBuf {
+    f.write_config(&format!("scanners:\n{}", entries.concat()))
 }
 
 /// The repository root (this crate lives in `<root>/bench`).

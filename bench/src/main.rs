@@ -1,6 +1,6 @@
 //! `wdp-bench`: the end-to-end half of `make bench`.
 //!
-//! Runs every row of the issue's table against the real thing: `wdp run` as a child process
+//! Runs every row of the results table against the real thing: `wdp run` as a child process
 //! (the binary next to this one, built with the same profile), the kubelet stand-in over real
 //! Unix sockets with a real gRPC client, fixture dev roots made of real character devices (mknod:
 //! run as root). Prints each figure as it is measured and writes `RESULTS.md` with the machine,
@@ -33,7 +33,7 @@ use scenarios::sizes::Sizes;
 use scenarios::{allocate, bulk, hotplug, idle, micro, native, peer, restart, startup, streamcut};
 use wdp_bench::fixtures;
 
-/// Measures wdp against the targets of its performance issue on this machine and writes
+/// Measures wdp against its performance targets on this machine and writes
 /// bench/RESULTS.md: hot-plug latency against a poll-mode baseline, Allocate, kubelet restart,
 /// start-up, idle memory and wake-ups, 10,000 devices, wasm against native.
 ///

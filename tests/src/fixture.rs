@@ -45,6 +45,22 @@ impl Fixture {
         self.dir.path().join("dev")
     }
 
+    /// Writes `yaml` as the fixture's `wdp run` config (`<fixture>/wdp.yaml`) and returns its
+    /// path.
+    pub fn write_config(&self, yaml: &str) -> PathBuf {
+        let path = self.path().join("wdp.yaml");
+        write(&path, yaml);
+        path
+    }
+
+    /// The plugin directory the kubelet stand-in and `wdp run` share (`<fixture>/plugins`),
+    /// made if missing.
+    pub fn plugin_dir(&self) -> PathBuf {
+        let dir = self.path().join("plugins");
+        fs::create_dir_all(&dir).expect("mkdir plugins");
+        dir
+    }
+
     /// Makes a character device `dev/<rel>` with the given numbers (parents created).
     pub fn char_dev(&self, rel: &str, major: u32, minor: u32) -> &Self {
         let path = self.dev().join(rel);

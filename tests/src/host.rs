@@ -1,20 +1,105 @@
-//! `wdp run` as a child process, and waiting for what the kubelet stand-in observes.
+//! A device-plugin process under test (`wdp run`, or another plugin binary), and waiting for what
+//! the kubelet stand-in observes: one process handle and one observer for the tests and the
+//! benchmarks alike.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
+use wdp_kubelet::api;
 use wdp_kubelet::standin::{CurrentStreams, Observed, StandIn};
 
 use crate::fixture::Fixture;
 
-/// A running `wdp run`; killed on drop, its log printed if the test is failing.
+/// How long a stopped host may take to exit after SIGTERM before that is an error.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why a host could not be started, signalled or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The log file could not be created.
+    #[error("create the log file {}: {source}", path.display())]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// Why it could not be created.
+        source: std::io::Error,
+    },
+    /// The program could not be spawned.
+    #[error("spawn {}: {source}", program.display())]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// Why it could not be spawned.
+        source: std::io::Error,
+    },
+    /// The process was gone before its pid could be read.
+    #[error("{} exited at once", program.display())]
+    ExitedAtOnce {
+        /// The program.
+        program: PathBuf,
+    },
+    /// `kill` could not be run or refused the signal.
+    #[error("kill -{signal} {pid} failed")]
+    Signal {
+        /// The signal's `kill` name.
+        signal: String,
+        /// The process.
+        pid: u32,
+    },
+    /// The process outlived [`STOP_TIMEOUT`] after SIGTERM.
+    #[error("pid {pid} did not stop within {STOP_TIMEOUT:?} of SIGTERM")]
+    StopTimeout {
+        /// The process.
+        pid: u32,
+    },
+    /// Waiting for the exit failed.
+    #[error("wait for pid {pid}: {source}")]
+    Wait {
+        /// The process.
+        pid: u32,
+        /// Why waiting failed.
+        source: std::io::Error,
+    },
+}
+
+/// What differs between the `wdp run`s of tests and of benchmarks: the binary (the tests' debug
+/// build or the benchmarks' optimised one), the compile cache, the log filter and more arguments.
+pub struct Launch<'a> {
+    /// The `wdp` binary.
+    pub wdp: PathBuf,
+    /// `--compile-cache`.
+    pub compile_cache: PathBuf,
+    /// `RUST_LOG` (the shipped default is `info`).
+    pub log_filter: &'a str,
+    /// More `wdp run` arguments (e.g. `--metrics-addr`, `--log-format json`).
+    pub args: &'a [&'a str],
+}
+
+impl Launch<'_> {
+    /// What tests run: this workspace's `wdp` ([`crate::wdp_bin`]), the fixture's own compile
+    /// cache (`<fixture>/compiled`), `info` logs.
+    pub fn test(f: &Fixture) -> Launch<'static> {
+        Launch {
+            wdp: crate::wdp_bin(),
+            compile_cache: f.path().join("compiled"),
+            log_filter: "info",
+            args: &[],
+        }
+    }
+}
+
+/// A running device-plugin process, its stderr in a log file: killed on drop, its log printed if
+/// the thread is panicking (a failed test's assertion says what went wrong, the log says why).
 pub struct Host {
-    child: Option<Child>,
+    child: Child,
+    pid: u32,
     log: PathBuf,
+    spawned: Instant,
+    spawned_wall: SystemTime,
 }
 
 impl Host {
@@ -25,16 +110,23 @@ impl Host {
 
     /// [`Host::start`] with more `wdp run` arguments (e.g. `--metrics-addr`).
     pub fn start_with(config: &Path, plugin_dir: &Path, f: &Fixture, more: &[&str]) -> Host {
-        let log = f.path().join(format!(
-            "wdp-run-{}.log",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
-        let log_file = std::fs::File::create(&log).expect("create log");
-        let child = Command::new(crate::wdp_bin())
-            .arg("run")
+        let launch = Launch {
+            args: more,
+            ..Launch::test(f)
+        };
+        Self::launch(config, plugin_dir, f, &launch).expect("start wdp run")
+    }
+
+    /// Starts `wdp run --config <config>` over the fixture's roots as `launch` says, serving in
+    /// `plugin_dir` and logging into a new file in the fixture.
+    pub fn launch(
+        config: &Path,
+        plugin_dir: &Path,
+        f: &Fixture,
+        launch: &Launch<'_>,
+    ) -> Result<Host, HostError> {
+        let mut cmd = Command::new(&launch.wdp);
+        cmd.arg("run")
             .arg("--config")
             .arg(config)
             .arg("--plugin-dir")
@@ -44,18 +136,63 @@ impl Host {
             .arg("--dev-root")
             .arg(f.dev())
             .arg("--compile-cache")
-            .arg(f.path().join("compiled"))
-            .args(more)
-            .env("RUST_LOG", "info")
+            .arg(&launch.compile_cache)
+            .args(launch.args)
+            .env("RUST_LOG", launch.log_filter);
+        let log = f.path().join(format!(
+            "wdp-run-{}.log",
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        Self::spawn(&mut cmd, &log)
+    }
+
+    /// Spawns `cmd` with its stderr into `log` (created), stdin and stdout closed, and the
+    /// shipped defaults: no backtrace capture on errors (the caller's environment may ask for it,
+    /// which would make every error path slower and every log longer).
+    pub fn spawn(cmd: &mut Command, log: &Path) -> Result<Host, HostError> {
+        let log_file = std::fs::File::create(log).map_err(|source| HostError::Log {
+            path: log.to_path_buf(),
+            source,
+        })?;
+        let program = PathBuf::from(cmd.as_std().get_program());
+        cmd.env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn wdp run");
-        Host {
-            child: Some(child),
-            log,
-        }
+            .kill_on_drop(true);
+        let spawned_wall = SystemTime::now();
+        let spawned = Instant::now();
+        let child = cmd.spawn().map_err(|source| HostError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        let pid = child.id().ok_or(HostError::ExitedAtOnce { program })?;
+        Ok(Host {
+            child,
+            pid,
+            log: log.to_path_buf(),
+            spawned,
+            spawned_wall,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// When the process was spawned (monotonic: for timing).
+    pub fn spawned(&self) -> Instant {
+        self.spawned
+    }
+
+    /// When the process was spawned, by the wall clock (what log timestamps are in).
+    pub fn spawned_wall(&self) -> SystemTime {
+        self.spawned_wall
     }
 
     /// The host's log so far.
@@ -63,47 +200,105 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Sends `signal` (a `kill` name such as "HUP") to the running host.
+    /// The last `n` lines of the log: what goes with an error that a timeout alone would not
+    /// explain.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Waits until the log has `needle` at least `times` times, failing the test after 60 s;
+    /// returns the log.
+    pub async fn logged(&self, needle: &str, times: usize) -> String {
+        let what = format!("{times} log lines with {needle:?}");
+        crate::eventually_within(Duration::from_secs(60), &what, || async {
+            let log = self.log();
+            (log.matches(needle).count() >= times).then_some(log)
+        })
+        .await
+    }
+
+    /// Sends `signal` (a `kill` name such as "HUP"), failing the test if it cannot.
     pub fn signal(&self, signal: &str) {
-        let child = self.child.as_ref().expect("running");
-        let pid = child.id().expect("pid").to_string();
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
+        self.try_signal(signal).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_signal(&self, signal: &str) -> Result<(), HostError> {
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid.to_string()])
             .status()
-            .expect("kill");
-        assert!(status.success(), "kill -{signal} {pid}");
+            .is_ok_and(|s| s.success());
+        if !sent {
+            return Err(HostError::Signal {
+                signal: signal.to_string(),
+                pid: self.pid,
+            });
+        }
+        Ok(())
     }
 
     /// Sends SIGTERM and waits for the exit.
-    pub async fn terminate(mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let pid = child.id().expect("pid").to_string();
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-        tokio::time::timeout(Duration::from_secs(20), child.wait())
+    pub async fn stop(mut self) -> Result<ExitStatus, HostError> {
+        self.try_signal("TERM")?;
+        let pid = self.pid;
+        tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
             .await
-            .expect("wdp run did not stop within 20 s of SIGTERM")
-            .expect("wait")
+            .map_err(|_| HostError::StopTimeout { pid })?
+            .map_err(|source| HostError::Wait { pid, source })
+    }
+
+    /// [`Host::stop`], failing the test when the host does not stop.
+    pub async fn terminate(self) -> ExitStatus {
+        self.stop().await.unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("---- wdp run log ----\n{}", self.log());
+            eprintln!("---- {} ----\n{}", self.log.display(), self.log());
         }
     }
 }
 
-/// What the stand-in has reported so far: the latest device ids of each resource.
+/// Why waiting on the stand-in's observations ended without the awaited state.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The stand-in stopped reporting.
+    #[error("the kubelet stand-in closed while waiting for {what}")]
+    Closed {
+        /// What was awaited.
+        what: String,
+    },
+    /// The state did not come in time.
+    #[error("timed out after {timeout:?} waiting for {what}; latest device lists: {lists:?}")]
+    TimedOut {
+        /// What was awaited.
+        what: String,
+        /// How long it was awaited.
+        timeout: Duration,
+        /// The device ids of each open stream's latest list, by resource: what was there
+        /// instead.
+        lists: Vec<(String, Vec<String>)>,
+    },
+}
+
+/// How long [`Seen::until`] waits before failing the test.
+const SEEN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What the stand-in has reported so far, per resource: the latest list of each open
+/// ListAndWatch stream, registrations and stream ends. Only the events of a resource's current
+/// stream make the state (a replaced stream's late list or end would otherwise overwrite its
+/// successor's, see [`CurrentStreams`]); every stream's end is counted.
 pub struct Seen {
     rx: mpsc::UnboundedReceiver<Observed>,
-    latest: HashMap<String, Vec<String>>,
-    health: HashMap<String, HashMap<String, String>>,
-    numa: HashMap<String, HashMap<String, Option<Vec<i64>>>>,
+    /// The latest list of each resource whose stream is open.
+    lists: HashMap<String, Vec<api::Device>>,
+    /// The latest list of each resource, kept when its stream ends: what kubelet was last told
+    /// of each device's health and topology.
+    last: HashMap<String, Vec<api::Device>>,
+    /// Resources whose stream ended and has not listed devices since.
     ended: HashSet<String>,
     registrations: HashMap<String, usize>,
     stream_ends: HashMap<String, usize>,
@@ -115,9 +310,8 @@ impl Seen {
     pub fn new(rx: mpsc::UnboundedReceiver<Observed>) -> Self {
         Seen {
             rx,
-            latest: HashMap::new(),
-            health: HashMap::new(),
-            numa: HashMap::new(),
+            lists: HashMap::new(),
+            last: HashMap::new(),
             ended: HashSet::new(),
             registrations: HashMap::new(),
             stream_ends: HashMap::new(),
@@ -125,8 +319,22 @@ impl Seen {
         }
     }
 
+    /// Follows a new stand-in, forgetting everything seen before.
+    pub fn replace(&mut self, rx: mpsc::UnboundedReceiver<Observed>) {
+        *self = Seen::new(rx);
+    }
+
+    /// Forgets the state, so that a wait sees only what comes next (events already queued are
+    /// still applied later; which stream is current is kept).
+    pub fn forget(&mut self) {
+        self.lists.clear();
+        self.last.clear();
+        self.ended.clear();
+        self.registrations.clear();
+        self.stream_ends.clear();
+    }
+
     fn record(&mut self, ev: Observed) {
-        // Every stream's end is counted; only the current stream's events make the state.
         if let Observed::StreamEnded { resource, .. } = &ev {
             *self.stream_ends.entry(resource.clone()).or_default() += 1;
         }
@@ -137,20 +345,12 @@ impl Seen {
             Observed::Devices {
                 resource, devices, ..
             } => {
-                let health = devices.iter().map(|d| (d.id.clone(), d.health.clone()));
-                self.health.insert(resource.clone(), health.collect());
-                let numa = devices.iter().map(|d| {
-                    let nodes = d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id));
-                    (d.id.clone(), nodes.map(Iterator::collect))
-                });
-                self.numa.insert(resource.clone(), numa.collect());
-                let mut ids: Vec<String> = devices.into_iter().map(|d| d.id).collect();
-                ids.sort();
                 self.ended.remove(&resource);
-                self.latest.insert(resource, ids);
+                self.last.insert(resource.clone(), devices.clone());
+                self.lists.insert(resource, devices);
             }
             Observed::StreamEnded { resource, .. } => {
-                self.latest.remove(&resource);
+                self.lists.remove(&resource);
                 self.ended.insert(resource);
             }
             Observed::Registered { resource, .. } => {
@@ -159,19 +359,62 @@ impl Seen {
         }
     }
 
-    /// Waits until `done` holds for the state, failing after 20 s.
-    pub async fn until(&mut self, what: &str, mut done: impl FnMut(&Self) -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !done(self) {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(ev)) => self.record(ev),
-                Ok(None) => panic!("stand-in closed while waiting for {what}"),
-                Err(_) => panic!(
-                    "timed out waiting for {what}; latest device lists: {:?}",
-                    self.latest
-                ),
+    /// Applies events until `done` holds, at most `timeout`; returns when the event that made it
+    /// hold arrived (taken before the event is looked at, so a benchmark's own bookkeeping is not
+    /// counted), or now when it held already.
+    pub async fn wait(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> Result<Instant, WaitError> {
+        if done(self) {
+            return Ok(Instant::now());
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let ev = match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return Err(WaitError::Closed { what: what.into() }),
+                Err(_) => {
+                    let mut lists: Vec<(String, Vec<String>)> = self
+                        .lists
+                        .keys()
+                        .map(|r| (r.clone(), self.ids(r).unwrap_or_default()))
+                        .collect();
+                    lists.sort();
+                    return Err(WaitError::TimedOut {
+                        what: what.into(),
+                        timeout,
+                        lists,
+                    });
+                }
+            };
+            let at = Instant::now();
+            self.record(ev);
+            if done(self) {
+                return Ok(at);
             }
         }
+    }
+
+    /// Waits until `done` holds for the state, failing the test after 20 s.
+    pub async fn until(&mut self, what: &str, done: impl FnMut(&Self) -> bool) {
+        if let Err(e) = self.wait(what, SEEN_TIMEOUT, done).await {
+            panic!("{e}");
+        }
+    }
+
+    /// The sorted device ids of `resource`'s latest list (None: no open stream).
+    pub fn ids(&self, resource: &str) -> Option<Vec<String>> {
+        let mut ids: Vec<String> = self
+            .lists
+            .get(resource)?
+            .iter()
+            .map(|d| d.id.clone())
+            .collect();
+        ids.sort();
+        Some(ids)
     }
 
     /// Waits until `resource`'s latest list has exactly `ids` (any order).
@@ -179,8 +422,13 @@ impl Seen {
         let mut want: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
         want.sort();
         let what = format!("{resource} with devices {ids:?}");
-        self.until(&what, |s| s.latest.get(resource) == Some(&want))
+        self.until(&what, |s| s.ids(resource).as_ref() == Some(&want))
             .await;
+    }
+
+    /// The device `id` of `resource` as kubelet was last told of it.
+    fn last_device(&self, resource: &str, id: &str) -> Option<&api::Device> {
+        self.last.get(resource)?.iter().find(|d| d.id == id)
     }
 
     /// Waits until kubelet's latest list for `resource` has device `id` with `health`
@@ -188,10 +436,8 @@ impl Seen {
     pub async fn health(&mut self, resource: &str, id: &str, health: &str) {
         let what = format!("{resource} device {id} {health}");
         self.until(&what, |s| {
-            s.health
-                .get(resource)
-                .and_then(|h| h.get(id))
-                .is_some_and(|h| h == health)
+            s.last_device(resource, id)
+                .is_some_and(|d| d.health == health)
         })
         .await;
     }
@@ -204,7 +450,13 @@ impl Seen {
     /// The `topology` kubelet was last told for device `id` of `resource`: `Some(None)` when the
     /// device was listed without one.
     pub fn topology(&self, resource: &str, id: &str) -> Option<Option<Vec<i64>>> {
-        self.numa.get(resource)?.get(id).cloned()
+        let device = self.last_device(resource, id)?;
+        Some(
+            device
+                .topology
+                .as_ref()
+                .map(|t| t.nodes.iter().map(|n| n.id).collect()),
+        )
     }
 
     /// How many times `resource` registered so far (as far as events were consumed).
@@ -212,9 +464,31 @@ impl Seen {
         self.registrations.get(resource).copied().unwrap_or(0)
     }
 
+    /// Whether every one of `resources` registered (since the last [`Seen::forget`]).
+    pub fn all_registered(&self, resources: &[String]) -> bool {
+        resources.iter().all(|r| self.registrations(r) > 0)
+    }
+
     /// Whether `resource`'s current stream has listed a device.
     pub fn listed(&self, resource: &str) -> bool {
-        self.latest.get(resource).is_some_and(|ids| !ids.is_empty())
+        self.lists.get(resource).is_some_and(|ids| !ids.is_empty())
+    }
+
+    /// Whether `resource`'s latest list has a device `id`.
+    pub fn has(&self, resource: &str, id: &str) -> bool {
+        self.lists
+            .get(resource)
+            .is_some_and(|d| d.iter().any(|x| x.id == id))
+    }
+
+    /// The number of devices in `resource`'s latest list (None: no open stream).
+    pub fn count(&self, resource: &str) -> Option<usize> {
+        self.lists.get(resource).map(Vec::len)
+    }
+
+    /// Whether every one of `resources` has an open stream that listed (possibly no devices).
+    pub fn all_streaming(&self, resources: &[String]) -> bool {
+        resources.iter().all(|r| self.lists.contains_key(r))
     }
 
     /// How many of `resource`'s ListAndWatch streams ended so far.
@@ -222,18 +496,26 @@ impl Seen {
         self.stream_ends.get(resource).copied().unwrap_or(0)
     }
 
+    /// Whether `resource`'s stream ended and has listed nothing since.
+    pub fn has_ended(&self, resource: &str) -> bool {
+        self.ended.contains(resource)
+    }
+
+    /// Whether any resource's stream ended and has listed nothing since.
+    pub fn any_ended(&self) -> bool {
+        !self.ended.is_empty()
+    }
+
     /// Waits until `resource`'s stream has ended.
     pub async fn ended(&mut self, resource: &str) {
         let what = format!("the end of {resource}'s stream");
-        self.until(&what, |s| s.ended.contains(resource)).await;
+        self.until(&what, |s| s.has_ended(resource)).await;
     }
 
     /// Waits until every resource in `resources` has a non-empty list.
     pub async fn all_listed(&mut self, resources: &[&str]) {
         self.until("every resource listed", |s| {
-            resources
-                .iter()
-                .all(|r| s.latest.get(*r).is_some_and(|ids| !ids.is_empty()))
+            resources.iter().all(|r| s.listed(r))
         })
         .await;
     }

@@ -1,7 +1,11 @@
-//! Shared support for wdp's integration tests: guest components built from source (see
-//! `build.rs`), sysfs/dev fixture trees with real device nodes, and the `wdp` binary.
+//! Shared support for wdp's integration tests and its benchmarks (`wdp-bench` builds on it):
+//! guest components built from source (see `build.rs`), sysfs/dev fixture trees with real device
+//! nodes, the `wdp` binary and its processes, what the kubelet stand-in observes, polling for a
+//! state, and an HTTP GET.
 
 pub mod fixture;
+pub mod host;
+pub mod http;
 pub mod podman;
 pub mod registry;
 
@@ -92,24 +96,49 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 use wdp::sandbox::{Guest, GuestLimits, Sandbox};
 use wdp::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
 use wdp::tree::DeviceTree;
 
-/// How long a test waits for one event before failing.
+/// How long a test waits for one event, or for a state it polls, before failing.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Polls `check` every 50 ms until it gives a value, failing the test after [`EVENT_TIMEOUT`]:
+/// for states that announce themselves by no event (a log line, an HTTP answer, a file).
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_within(EVENT_TIMEOUT, what, check).await
+}
+
+/// [`eventually`] with another bound, for states that take longer to reach.
+pub async fn eventually_within<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 /// A scanner running under [`supervise`]; dropping it stops the guest.
 pub struct Running {
+    /// What the supervisor reports: trees, refusals, failures.
     pub events: mpsc::Receiver<ScannerEvent>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// The supervisor's task, aborted with the guest when this is dropped.
+    _task: AbortOnDropHandle<()>,
 }
 
 impl Running {
@@ -164,8 +193,16 @@ pub async fn run_guest(
         pre: component.scanner().expect("guest exports scanner"),
     };
     let (tx, events) = mpsc::channel(16);
-    let task = tokio::spawn(supervise(sandbox.clone(), scanner, policy, tx));
-    Running { events, task }
+    let task = AbortOnDropHandle::new(tokio::spawn(supervise(
+        sandbox.clone(),
+        scanner,
+        policy,
+        tx,
+    )));
+    Running {
+        events,
+        _task: task,
+    }
 }
 
 /// Sorted device ids of `dev_type` in `tree` (empty if the type is absent).
@@ -175,8 +212,6 @@ pub fn ids(tree: &Arc<DeviceTree>, dev_type: &str) -> Vec<String> {
         .map(|g| g.keys().cloned().collect())
         .unwrap_or_default()
 }
-
-pub mod host;
 
 /// A sandbox over the fixture's roots.
 pub fn sandbox(f: &fixture::Fixture) -> Arc<Sandbox> {

@@ -21,8 +21,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
@@ -33,10 +31,11 @@ use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wdp_kubelet::standin::StandIn;
+use wdp_tests::eventually;
 use wdp_tests::fixture::Fixture;
-use wdp_tests::host::{Seen, sockets};
+use wdp_tests::host::{Host, Seen, sockets};
+use wdp_tests::http::http_get;
 
 /// Where the image installs the bundled scanners (the Containerfile's destination).
 const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
@@ -979,18 +978,6 @@ fn the_image_installs_what_the_manifests_and_the_readme_name() {
 // ---------------------------------------------------------------------------------------------
 // The DaemonSet's command, run
 
-/// What `wdp run` prints, shown if the test fails.
-struct LogOnPanic(PathBuf);
-
-impl Drop for LogOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.0).unwrap_or_default();
-            eprintln!("---- wdp run log ----\n{log}");
-        }
-    }
-}
-
 /// Lays `text` out as kubelet lays out a ConfigMap volume: the file is a link through `..data`
 /// to a timestamped directory. Returns the path the DaemonSet's `--config` names in it.
 fn configmap_volume(dir: &Path, key: &str, text: &str) -> PathBuf {
@@ -1002,39 +989,14 @@ fn configmap_volume(dir: &Path, key: &str, text: &str) -> PathBuf {
     dir.join(key)
 }
 
-/// `GET path` on `port` of 127.0.0.1: the status code and body (None: not reachable).
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    s.write_all(request.as_bytes()).await.ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).await.ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
 /// Polls `GET path` until it answers `want`, failing after 20 s.
 async fn until_status(port: u16, path: &str, want: u16) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = http_get(port, path).await;
-        if let Some((status, body)) = &got
-            && *status == want
-        {
-            return body.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "GET {path} never answered {want}; last: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let addr = format!("127.0.0.1:{port}");
+    eventually(&format!("GET {path} answering {want}"), || async {
+        let (status, body) = http_get(&addr, path).await.ok()?;
+        (status == want).then_some(body)
+    })
+    .await
 }
 
 /// A shell script (for `unshare --mount`) that gives the command in "$4"... the container's view
@@ -1153,7 +1115,6 @@ async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilitie
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let log = f.path().join("wdp-run.log");
-    let _show = LogOnPanic(log.clone());
     // As the pod runs it: a read-only root with the writable mounts (READ_ONLY_ROOT), uid 0
     // without capabilities (SETPRIV), the container's environment only.
     let mut cmd = tokio::process::Command::new("unshare");
@@ -1170,12 +1131,7 @@ async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilitie
     for e in c.env.iter().flatten() {
         cmd.env(&e.name, e.value.as_deref().unwrap_or_default());
     }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run setpriv (util-linux)");
+    let host = Host::spawn(&mut cmd, &log).expect("run setpriv (util-linux)");
 
     let resources = [
         "devices.wdp.dev/kvm",
@@ -1194,7 +1150,7 @@ async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilitie
     });
 
     // It really ran without privileges (setpriv execs wdp: the pid is wdp's).
-    let pid = child.id().expect("running");
+    let pid = host.pid();
     for key in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
         assert_eq!(proc_status(pid, key), 0, "{key} of wdp");
     }
@@ -1232,15 +1188,7 @@ async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilitie
 
     // SIGTERM, as kubelet stops the pod: a clean exit that leaves no socket behind, and the
     // CDI specs for the containers kubelet restarts before the next wdp is up.
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("wdp stops within 20 s of SIGTERM")
-        .unwrap();
+    let status = host.terminate().await;
     assert!(status.success(), "exit status {status}");
     assert_eq!(sockets(&plugins), ["kubelet.sock"]);
     assert!(spec.exists(), "CDI specs outlive the process");

@@ -30,21 +30,12 @@ fn setup() -> (Fixture, std::path::PathBuf, std::path::PathBuf) {
     (f, plugins, config)
 }
 
-async fn until_logged(host: &Host, needle: &str) {
-    for _ in 0..200 {
-        if host.log().contains(needle) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the log never said {needle:?}:\n{}", host.log());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_socket_missing_at_start() {
     let (f, plugins, config) = setup();
     let host = Host::start(&config, &plugins, &f);
-    until_logged(&host, "kubelet socket absent; waiting for it").await;
+    host.logged("kubelet socket absent; waiting for it", 1)
+        .await;
     let (kubelet, seen) = StandIn::start(&plugins).unwrap();
     Seen::new(seen)
         .devices("devices.example.com/kvm", &["kvm-0"])
@@ -81,7 +72,7 @@ async fn kubelet_that_never_answers_register() {
         "registration waited out the mute kubelet: {:?}",
         started.elapsed()
     );
-    until_logged(&host, "registered with kubelet").await;
+    host.logged("registered with kubelet", 1).await;
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
@@ -153,7 +144,7 @@ async fn plugin_dir_not_writable() {
     let mut seen = Seen::new(seen);
     remount("ro");
     let host = Host::start(&config, &plugins, &f);
-    until_logged(&host, "cannot listen; retrying").await;
+    host.logged("cannot listen; retrying", 1).await;
     assert!(
         host.log().contains("Read-only file system"),
         "{}",

@@ -11,24 +11,10 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen, serve, sockets};
 
-fn write_config(f: &Fixture, yaml: &str) -> std::path::PathBuf {
-    let path = f.path().join("wdp.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
-fn plugin_dir(f: &Fixture) -> std::path::PathBuf {
-    let dir = f.path().join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn kvm_and_serial_config(f: &Fixture) -> std::path::PathBuf {
     let devices = r#"[{"name": "serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}]"#;
-    write_config(
-        f,
-        &format!(
-            "scanners:
+    f.write_config(&format!(
+        "scanners:
   - name: kvm
     component: {kvm}
     namespace: devices.example.com
@@ -40,10 +26,9 @@ fn kvm_and_serial_config(f: &Fixture) -> std::path::PathBuf {
       RESCAN_INTERVAL_MS: 600000
       DEVICES: '{devices}'
 ",
-            kvm = guest("kvm").display(),
-            generic = guest("generic").display(),
-        ),
-    )
+        kvm = guest("kvm").display(),
+        generic = guest("generic").display(),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,7 +36,7 @@ async fn devices_reach_kubelet_and_follow_hotplug() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232).char_dev("ttyUSB0", 188, 0);
     let config = kvm_and_serial_config(&f);
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
 
     seen.devices("devices.example.com/kvm", &["kvm-0", "kvm-1"])
@@ -150,16 +135,13 @@ fn hook_scanner(name: &str, mode: &str, timeout: &str) -> String {
 async fn post_allocate_hooks_rewrite_fail_and_time_out_cleanly() {
     let f = Fixture::new();
     qat_nodes(&f);
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:\n{}{}{}",
-            hook_scanner("qat", "renumber", "5s"),
-            hook_scanner("failing", "fail", "5s"),
-            hook_scanner("hanging", "hang", "1s"),
-        ),
-    );
-    let plugins = plugin_dir(&f);
+    let config = f.write_config(&format!(
+        "scanners:\n{}{}{}",
+        hook_scanner("qat", "renumber", "5s"),
+        hook_scanner("failing", "fail", "5s"),
+        hook_scanner("hanging", "hang", "1s"),
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let ids = ["0000:3d:01.0", "0000:3d:01.1", "0000:3d:01.2"];
     for ns in ["qat", "failing", "hanging"] {
@@ -230,21 +212,18 @@ async fn post_allocate_hooks_rewrite_fail_and_time_out_cleanly() {
 async fn preferred_allocation_and_pre_start_are_served_when_exported() {
     let f = Fixture::new();
     let tree = r#"{"gpu": {"card2": {}, "card0": {}, "card1": {}, "bad3": {}}}"#;
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
+    let config = f.write_config(&format!(
+        "scanners:
   - name: gpu
     component: {tree_guest}
     post-allocator: {allocator}
     namespace: gpu.example.com
     env: {{ TREE: '{tree}' }}
 ",
-            tree_guest = guest("static_tree").display(),
-            allocator = guest("test_allocator").display(),
-        ),
-    );
-    let plugins = plugin_dir(&f);
+        tree_guest = guest("static_tree").display(),
+        allocator = guest("test_allocator").display(),
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("gpu.example.com/gpu", &["bad3", "card0", "card1", "card2"])
         .await;
@@ -311,23 +290,20 @@ async fn policy_violations_never_reach_kubelet() {
     let f = Fixture::new();
     f.char_dev("null", 1, 3);
     qat_nodes(&f);
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
+    let config = f.write_config(&format!(
+        "scanners:
   - name: bad
     component: {hostile}
     namespace: bad.example.com
     env: {{ ATTACK: bad-tree, BAD: mount-root }}
 {}{}{}{}",
-            hook_scanner("mount", "mount-root", "5s"),
-            hook_scanner("node", "node-outside-dev", "5s"),
-            hook_scanner("count", "wrong-count", "5s"),
-            hook_scanner("qat", "renumber", "5s"),
-            hostile = guest("hostile").display(),
-        ),
-    );
-    let plugins = plugin_dir(&f);
+        hook_scanner("mount", "mount-root", "5s"),
+        hook_scanner("node", "node-outside-dev", "5s"),
+        hook_scanner("count", "wrong-count", "5s"),
+        hook_scanner("qat", "renumber", "5s"),
+        hostile = guest("hostile").display(),
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("bad.example.com/good", &["g"]).await;
     let ids = ["0000:3d:01.0", "0000:3d:01.1", "0000:3d:01.2"];
@@ -382,7 +358,7 @@ async fn every_resource_reregisters_after_each_kubelet_restart() {
         .char_dev("net/tun", 10, 200)
         .char_dev("ttyUSB0", 188, 0);
     let config = kvm_and_serial_config(&f);
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     // The host comes up with no kubelet at all: it must wait, not exit.
     let host = Host::start(&config, &plugins, &f);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -421,10 +397,8 @@ async fn every_resource_reregisters_after_each_kubelet_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_config_fails_before_anything_starts() {
     let f = Fixture::new();
-    let plugins = plugin_dir(&f);
-    let config = write_config(
-        &f,
-        &format!(
+    let plugins = f.plugin_dir();
+    let config = f.write_config(&format!(
             "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    limits: {{ memory: 64MB }}\n",
             guest("kvm").display()
         ),
@@ -437,13 +411,10 @@ async fn bad_config_fails_before_anything_starts() {
     assert!(sockets(&plugins).is_empty());
 
     // A name kubelet refuses on every attempt is refused before anything starts.
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.kubernetes.io\n",
-            guest("kvm").display()
-        ),
-    );
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.kubernetes.io\n",
+        guest("kvm").display()
+    ));
     let out = wdp_tests::wdp_run_to_exit(&f, &config);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -454,9 +425,7 @@ async fn bad_config_fails_before_anything_starts() {
     );
 
     // A post-allocator that is not a hook is refused by name, too.
-    let config = write_config(
-        &f,
-        &format!(
+    let config = f.write_config(&format!(
             "scanners:\n  - name: kvm\n    component: {kvm}\n    namespace: devices.example.com\n    post-allocator: {kvm}\n",
             kvm = guest("kvm").display()
         ),
@@ -496,7 +465,7 @@ mod manager {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn added_updated_removed_and_removed_before_started() {
         let f = Fixture::new();
-        let plugins = plugin_dir(&f);
+        let plugins = f.plugin_dir();
         let k = kubelet(&plugins);
         let mut m = Manager::new("t".into(), "ns.example.com".into(), k, None, Arc::default());
         let d = m.apply(&tree(&["a", "b"]));
@@ -530,7 +499,7 @@ mod manager {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_scanners_cannot_serve_one_resource() {
         let f = Fixture::new();
-        let plugins = plugin_dir(&f);
+        let plugins = f.plugin_dir();
         let k = kubelet(&plugins);
         let claims: Arc<Claims> = Arc::default();
         let ns = "ns.example.com".to_string();
@@ -547,7 +516,7 @@ mod manager {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_socket_path_too_long_is_refused() {
         let f = Fixture::new();
-        let plugins = plugin_dir(&f);
+        let plugins = f.plugin_dir();
         let k = kubelet(&plugins);
         let long_ns = format!("{}.example.com", "a".repeat(60));
         let mut m = Manager::new("t".into(), long_ns, k, None, Arc::default());

@@ -11,32 +11,17 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::serve;
 
-fn write_config(f: &Fixture, yaml: &str) -> PathBuf {
-    let path = f.path().join("wdp.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
-fn plugin_dir(f: &Fixture) -> PathBuf {
-    let dir = f.path().join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// One `kvm` scanner (one slot, rescanning only on a change) serving `devices.example.com/kvm`.
 fn kvm_config(f: &Fixture) -> PathBuf {
-    write_config(
-        f,
-        &format!(
-            "scanners:
+    f.write_config(&format!(
+        "scanners:
   - name: kvm
     component: {}
     namespace: devices.example.com
     env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
 ",
-            guest("kvm").display()
-        ),
-    )
+        guest("kvm").display()
+    ))
 }
 
 /// A `static_tree` scanner of namespace `<name>.example.com` with `test_allocator` as its hook.
@@ -70,15 +55,12 @@ fn preferred(available: &[&str], must: &[&str], size: i32) -> api::PreferredAllo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preferred_allocation_is_shaped_and_never_fails_the_pod() {
     let f = Fixture::new();
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:\n{}{}",
-            allocator_scanner("greedy", "PREFERRED_MODE: greedy", "5s"),
-            allocator_scanner("slow", "PREFERRED_MODE: sleep", "500ms"),
-        ),
-    );
-    let plugins = plugin_dir(&f);
+    let config = f.write_config(&format!(
+        "scanners:\n{}{}",
+        allocator_scanner("greedy", "PREFERRED_MODE: greedy", "5s"),
+        allocator_scanner("slow", "PREFERRED_MODE: sleep", "500ms"),
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let all = ["card0", "card1", "card2", "card3"];
     for ns in ["greedy", "slow"] {
@@ -123,9 +105,7 @@ async fn preferred_allocation_is_shaped_and_never_fails_the_pod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_numa_list_is_sent_as_no_topology() {
     let f = Fixture::new();
-    let config = write_config(
-        &f,
-        &format!(
+    let config = f.write_config(&format!(
             "scanners:
   - name: acc
     component: {}
@@ -135,7 +115,7 @@ async fn an_empty_numa_list_is_sent_as_no_topology() {
             guest("static_tree").display()
         ),
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("acc.example.com/acc", &["none", "one", "unset"])
         .await;
@@ -154,14 +134,11 @@ async fn an_empty_numa_list_is_sent_as_no_topology() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pre_start_hook_answers_within_kubelets_deadline() {
     let f = Fixture::new();
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:\n{}",
-            allocator_scanner("pre", "PRE_START_MODE: sleep", "2m")
-        ),
-    );
-    let plugins = plugin_dir(&f);
+    let config = f.write_config(&format!(
+        "scanners:\n{}",
+        allocator_scanner("pre", "PRE_START_MODE: sleep", "2m")
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("pre.example.com/gpu", &["card0", "card1", "card2", "card3"])
         .await;
@@ -231,8 +208,8 @@ async fn cdi_specs_outlive_the_process_and_only_wdps_are_reconciled() {
             cdi.display()
         )
     };
-    let config = write_config(&f, &kvm_config("json"));
-    let plugins = plugin_dir(&f);
+    let config = f.write_config(&kvm_config("json"));
+    let plugins = f.plugin_dir();
     let json = cdi.join("wdp-devices.example.com-kvm.json");
     let yaml = cdi.join("wdp-devices.example.com-kvm.yaml");
     let kvm = "devices.example.com/kvm";
@@ -295,10 +272,7 @@ async fn cdi_specs_outlive_the_process_and_only_wdps_are_reconciled() {
         .await;
     seen.ended(kvm).await;
     // Removed once the new config's scanners are started (then "config reloaded" is logged).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !host.log().contains("config reloaded") && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    host.logged("config reloaded", 1).await;
     assert!(!yaml.exists(), "a removed scanner's spec stayed");
     assert!(vendor.exists() && impostor.exists());
     assert!(host.terminate().await.success());
@@ -314,7 +288,7 @@ async fn a_lost_stream_is_registered_again_and_a_crashed_kubelet_is_followed() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     let config = kvm_config(&f);
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let kvm = "devices.example.com/kvm";
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(kvm, &["kvm-0"]).await;
@@ -361,7 +335,7 @@ async fn a_plugin_directory_removed_and_created_again_is_served_again() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     let config = kvm_config(&f);
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let kvm = "devices.example.com/kvm";
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(kvm, &["kvm-0"]).await;
@@ -415,21 +389,18 @@ async fn containers_restart_from_kubelets_checkpoint_while_wdp_is_away() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     let cdi = f.path().join("cdi");
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
+    let config = f.write_config(&format!(
+        "scanners:
   - name: kvm
     component: {}
     namespace: devices.example.com
     env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 600000 }}
     cdi: {{ dir: {} }}
 ",
-            guest("kvm").display(),
-            cdi.display()
-        ),
-    );
-    let plugins = plugin_dir(&f);
+        guest("kvm").display(),
+        cdi.display()
+    ));
+    let plugins = f.plugin_dir();
     let kvm = "devices.example.com/kvm";
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(kvm, &["kvm-0", "kvm-1"]).await;
@@ -482,21 +453,18 @@ async fn containers_restart_from_kubelets_checkpoint_while_wdp_is_away() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_calls_the_optional_rpcs_a_plugin_advertises() {
     let f = Fixture::new();
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
+    let config = f.write_config(&format!(
+        "scanners:
   - name: gpu
     component: {}
     post-allocator: {}
     namespace: gpu.example.com
     env: {{ TREE: '{{\"gpu\": {{\"card0\": {{}}, \"bad1\": {{}}, \"card2\": {{}}}}}}' }}
 ",
-            guest("static_tree").display(),
-            guest("test_allocator").display()
-        ),
-    );
-    let plugins = plugin_dir(&f);
+        guest("static_tree").display(),
+        guest("test_allocator").display()
+    ));
+    let plugins = f.plugin_dir();
     let gpu = "gpu.example.com/gpu";
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(gpu, &["bad1", "card0", "card2"]).await;

@@ -5,35 +5,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
-use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen};
-
-/// How long a test waits for the host to reach a state before failing.
-const WAIT: Duration = Duration::from_secs(20);
-
-fn write_config(f: &Fixture, yaml: &str) -> PathBuf {
-    let path = f.path().join("wdp.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    path
-}
-
-fn plugin_dir(f: &Fixture) -> PathBuf {
-    let dir = f.path().join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use wdp_tests::http::http_get;
+use wdp_tests::{eventually, guest};
 
 /// `wdp run` over the fixture with its HTTP endpoint on a free port; returns the host and the
 /// address it listens on (from its log).
 async fn start(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
     let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = until("the metrics address in the host's log", || async {
+    let addr = eventually("the metrics address in the host's log", || async {
         let log = strip_ansi(&host.log());
         let line = log.lines().find(|l| l.contains("serving /metrics"))?;
         let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
@@ -62,44 +45,9 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
-/// Polls `check` until it gives a value, failing the test after [`WAIT`].
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// One HTTP/1.1 GET; the status code and the body.
+/// One GET; the status code and the body, failing the test when there is no answer.
 async fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let response = String::from_utf8(response).expect("an HTTP answer in UTF-8");
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header end in {response:?}"));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status code in {head:?}"));
-    (code, body.to_string())
+    http_get(addr, path).await.unwrap_or_else(|e| panic!("{e}"))
 }
 
 async fn metrics(addr: &str) -> String {
@@ -147,10 +95,8 @@ fn three_scanners(f: &Fixture) -> PathBuf {
         .char_dev("vfio/11", 243, 1)
         .char_dev("vfio/12", 243, 2);
     let devices = r#"[{"name": "serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}]"#;
-    write_config(
-        f,
-        &format!(
-            "scanners:
+    f.write_config(&format!(
+        "scanners:
   - name: kvm
     component: {kvm}
     namespace: devices.example.com
@@ -167,13 +113,12 @@ fn three_scanners(f: &Fixture) -> PathBuf {
     namespace: qat.example.com
     env: {{ HOOK_MODE: renumber, TREE: '{tree_json}' }}
 ",
-            kvm = guest("kvm").display(),
-            generic = guest("generic").display(),
-            tree = guest("static_tree").display(),
-            hooks = guest("test_hooks").display(),
-            tree_json = QAT_TREE.replace('\n', " "),
-        ),
-    )
+        kvm = guest("kvm").display(),
+        generic = guest("generic").display(),
+        tree = guest("static_tree").display(),
+        hooks = guest("test_hooks").display(),
+        tree_json = QAT_TREE.replace('\n', " "),
+    ))
 }
 
 const RESOURCES: [&str; 3] = [
@@ -186,13 +131,13 @@ const RESOURCES: [&str; 3] = [
 async fn metrics_and_readiness_follow_real_events() {
     let f = Fixture::new();
     let config = three_scanners(&f);
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     // No kubelet yet: everything is served, nothing can be registered.
     let (host, addr) = start(&f, &config, &plugins).await;
 
     assert_eq!(get(&addr, "/healthz").await, (200, "ok\n".into()));
     assert_eq!(get(&addr, "/nothing-here").await.0, 404);
-    let body = until("/readyz naming every unregistered resource", || async {
+    let body = eventually("/readyz naming every unregistered resource", || async {
         let (code, body) = get(&addr, "/readyz").await;
         assert_eq!(code, 503, "ready without a kubelet: {body}");
         let all = RESOURCES
@@ -226,7 +171,7 @@ async fn metrics_and_readiness_follow_real_events() {
     // kubelet arrives: every resource registers, the host becomes ready.
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
-    until("/readyz 200", || async {
+    eventually("/readyz 200", || async {
         let (code, body) = get(&addr, "/readyz").await;
         (code == 200).then_some(()).or_else(|| {
             assert_eq!(code, 503, "{body}");
@@ -343,7 +288,7 @@ async fn metrics_and_readiness_follow_real_events() {
 
     // kubelet goes away: its registrations went with it, so the host is not ready...
     kubelet.stop().await;
-    until("/readyz 503 while kubelet is away", || async {
+    eventually("/readyz 503 while kubelet is away", || async {
         let (code, body) = get(&addr, "/readyz").await;
         let all = RESOURCES
             .iter()
@@ -354,7 +299,7 @@ async fn metrics_and_readiness_follow_real_events() {
     assert_eq!(get(&addr, "/healthz").await.0, 200, "alive all the same");
     // ...until the next kubelet accepts them again.
     let (kubelet, _observed) = StandIn::start(&plugins).expect("restart the kubelet stand-in");
-    until("/readyz 200 after kubelet came back", || async {
+    eventually("/readyz 200 after kubelet came back", || async {
         (get(&addr, "/readyz").await.0 == 200).then_some(())
     })
     .await;
@@ -368,10 +313,8 @@ async fn metrics_and_readiness_follow_real_events() {
 async fn failing_and_refused_guests_are_counted_and_keep_the_host_not_ready() {
     let f = Fixture::new();
     let hostile = guest("hostile");
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
+    let config = f.write_config(&format!(
+        "scanners:
   - name: panicky
     component: {h}
     namespace: panicky.example.com
@@ -381,10 +324,9 @@ async fn failing_and_refused_guests_are_counted_and_keep_the_host_not_ready() {
     namespace: refusing.example.com
     env: {{ ATTACK: bad-tree, BAD: node-outside-dev }}
 ",
-            h = hostile.display()
-        ),
-    );
-    let plugins = plugin_dir(&f);
+        h = hostile.display()
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let (host, addr) = start(&f, &config, &plugins).await;
@@ -392,7 +334,7 @@ async fn failing_and_refused_guests_are_counted_and_keep_the_host_not_ready() {
 
     // The panicking guest is restarted with backoff (1 s, then 2 s): each failure counts.
     let restarts = "wdp_scanner_restarts_total{scanner=\"panicky\"}";
-    until("two restarts of the panicking guest", || async {
+    eventually("two restarts of the panicking guest", || async {
         (value(&metrics(&addr).await, restarts)? >= 2.0).then_some(())
     })
     .await;
@@ -410,7 +352,7 @@ async fn failing_and_refused_guests_are_counted_and_keep_the_host_not_ready() {
     );
     // The refusing guest's good tree is served, its bad one counted and refused.
     let refused = "wdp_scanner_trees_refused_total{scanner=\"refusing\"}";
-    until("the refused tree counted", || async {
+    eventually("the refused tree counted", || async {
         (value(&metrics(&addr).await, refused)? >= 1.0).then_some(())
     })
     .await;
@@ -426,7 +368,7 @@ async fn failing_and_refused_guests_are_counted_and_keep_the_host_not_ready() {
 
     // Not ready: one scanner never had a tree. The other is ready (its good tree is served
     // and registered) even though its last tree was refused.
-    let body = until("/readyz naming only the panicking scanner", || async {
+    let body = eventually("/readyz naming only the panicking scanner", || async {
         let (code, body) = get(&addr, "/readyz").await;
         assert_eq!(code, 503, "{body}");
         (!body.contains("refusing")).then_some(body)
@@ -492,13 +434,10 @@ async fn status_of_an_unreachable_host_fails_naming_the_address() {
 async fn a_metrics_address_in_use_is_fatal_and_named() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n",
-            guest("kvm").display()
-        ),
-    );
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n",
+        guest("kvm").display()
+    ));
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let arg = |p: PathBuf| p.display().to_string();
@@ -507,7 +446,7 @@ async fn a_metrics_address_in_use_is_fatal_and_named() {
         "--config",
         &arg(config),
         "--plugin-dir",
-        &arg(plugin_dir(&f)),
+        &arg(f.plugin_dir()),
         "--compile-cache",
         &arg(f.path().join("compiled")),
         "--sys-root",
@@ -630,21 +569,18 @@ async fn readme_metrics_table_matches_what_the_host_exports() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     // A scanner with a hook and a served resource: every family then has a series.
-    let config = write_config(
-        &f,
-        &format!(
-            "scanners:
+    let config = f.write_config(&format!(
+        "scanners:
   - name: kvm
     component: {kvm}
     post-allocator: {hooks}
     namespace: devices.example.com
     env: {{ HOOK_MODE: renumber }}
 ",
-            kvm = guest("kvm").display(),
-            hooks = guest("test_hooks").display(),
-        ),
-    );
-    let plugins = plugin_dir(&f);
+        kvm = guest("kvm").display(),
+        hooks = guest("test_hooks").display(),
+    ));
+    let plugins = f.plugin_dir();
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let (host, addr) = start(&f, &config, &plugins).await;
@@ -695,8 +631,8 @@ async fn a_reload_takes_a_removed_scanner_out_and_counts_refusals() {
         guest("generic").display(),
         r#"[{"name": "serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}]"#
     );
-    let config = write_config(&f, &format!("scanners:\n{kvm}{serial}"));
-    let plugins = plugin_dir(&f);
+    let config = f.write_config(&format!("scanners:\n{kvm}{serial}"));
+    let plugins = f.plugin_dir();
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let (host, addr) = start(&f, &config, &plugins).await;
@@ -714,7 +650,7 @@ async fn a_reload_takes_a_removed_scanner_out_and_counts_refusals() {
     write_renamed(&config, &format!("scanners:\n{kvm}"));
     seen.ended("serial.example.com/serial").await;
     // The reload is counted once applied, right after the scanner is gone.
-    let m = until("the serial scanner gone, the reload counted", || async {
+    let m = eventually("the serial scanner gone, the reload counted", || async {
         let m = metrics(&addr).await;
         let counted = value(&m, "wdp_config_reloads_total{result=\"success\"}")? == 1.0;
         (counted && !m.contains("serial")).then_some(m)
@@ -741,7 +677,7 @@ async fn a_reload_takes_a_removed_scanner_out_and_counts_refusals() {
 
     // A config that fails its checks is refused and counted; the old one keeps running.
     write_renamed(&config, "scanners: [ {} ]\n");
-    until("the refused reload counted", || async {
+    eventually("the refused reload counted", || async {
         let m = metrics(&addr).await;
         (value(&m, "wdp_config_reloads_total{result=\"failure\"}")? == 1.0).then_some(())
     })

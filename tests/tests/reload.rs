@@ -4,12 +4,11 @@
 //! its ListAndWatch stream (the stand-in sees no new Register and no stream end for it).
 
 use std::os::unix::fs::{MetadataExt, symlink};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
-use wdp_tests::host::{Host, Seen, serve, sockets};
+use wdp_tests::host::{Seen, serve, sockets};
 
 /// Scanner `a`'s resource: /dev/video* through `generic`.
 const A: &str = "a.example.com/video";
@@ -66,12 +65,6 @@ fn fixture() -> Fixture {
     f
 }
 
-fn plugin_dir(f: &Fixture) -> PathBuf {
-    let dir = f.path().join("plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Replaces `path` as editors do: a temporary file renamed over it.
 fn write_renamed(path: &Path, text: &str) {
     let tmp = path.with_file_name(".wdp.yaml.tmp");
@@ -84,22 +77,6 @@ fn write_renamed(path: &Path, text: &str) {
 fn socket_id(path: &Path) -> (u64, i64, i64) {
     let m = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     (m.ino(), m.ctime(), m.ctime_nsec())
-}
-
-/// Waits until the host's log has `needle` at least `n` times; returns the log.
-async fn log_has(host: &Host, needle: &str, n: usize) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let log = host.log();
-        if log.matches(needle).count() >= n {
-            return log;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {n} log lines with {needle:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Hot-plugs another node for `a` and waits until kubelet's stream for it carries the new list:
@@ -118,22 +95,22 @@ async fn changing_one_scanner_leaves_the_other_streaming() {
     let f = fixture();
     let path = f.path().join("wdp.yaml");
     std::fs::write(&path, config(&[a(), b_serial()])).unwrap();
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &path, &plugins);
     seen.devices(A, &["video0"]).await;
     seen.devices(B_SERIAL, &["ttyUSB0"]).await;
-    log_has(&host, "config loaded: added [a, b]", 1).await;
+    host.logged("config loaded: added [a, b]", 1).await;
     let a_socket = socket_id(&plugins.join(A_SOCKET));
 
     write_renamed(&path, &config(&[a(), b_acm()]));
     seen.ended(B_SERIAL).await;
     seen.devices(B_ACM, &["ttyACM0"]).await;
-    let log = log_has(
-        &host,
-        "config reloaded: added [], removed [], changed [b], unchanged [a]",
-        1,
-    )
-    .await;
+    let log = host
+        .logged(
+            "config reloaded: added [], removed [], changed [b], unchanged [a]",
+            1,
+        )
+        .await;
     assert!(
         log.contains("scanner b changed (env): restarting it"),
         "{log}"
@@ -170,15 +147,14 @@ async fn adding_removing_and_renaming_scanners() {
     let f = fixture();
     let path = f.path().join("wdp.yaml");
     std::fs::write(&path, config(&[a()])).unwrap();
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &path, &plugins);
     seen.devices(A, &["video0"]).await;
 
     // Written in place this time (truncate, write): the watch sees that too.
     std::fs::write(&path, config(&[a(), c()])).unwrap();
     seen.devices(C, &["sensor0"]).await;
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [c], removed [], changed [], unchanged [a]",
         1,
     )
@@ -187,8 +163,7 @@ async fn adding_removing_and_renaming_scanners() {
 
     write_renamed(&path, &config(&[c()]));
     seen.ended(A).await;
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [], removed [a], changed [], unchanged [c]",
         1,
     )
@@ -205,8 +180,7 @@ async fn adding_removing_and_renaming_scanners() {
 
     // Renamed: c stops (and releases its resource) before c2 starts and claims it.
     write_renamed(&path, &config(&[c().replace("name: c", "name: c2")]));
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [c2], removed [c], changed [], unchanged []",
         1,
     )
@@ -232,7 +206,7 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
     let f = fixture();
     let path = f.path().join("wdp.yaml");
     std::fs::write(&path, config(&[a(), b_serial()])).unwrap();
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &path, &plugins);
     seen.devices(A, &["video0"]).await;
     seen.devices(B_SERIAL, &["ttyUSB0"]).await;
@@ -291,12 +265,12 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
     ];
     for (i, (text, error)) in bad.iter().enumerate() {
         write_renamed(&path, text);
-        let log = log_has(
-            &host,
-            "config reload refused, the running scanners are kept",
-            i + 1,
-        )
-        .await;
+        let log = host
+            .logged(
+                "config reload refused, the running scanners are kept",
+                i + 1,
+            )
+            .await;
         let line = log
             .lines()
             .filter(|l| l.contains("config reload refused"))
@@ -320,14 +294,12 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
     // and a is not disturbed.
     let dup = generic("dup", "a.example.com", "video", "/dev/video*");
     write_renamed(&path, &config(&[a(), b_serial(), dup]));
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [dup], removed [], changed [], unchanged [a, b]",
         1,
     )
     .await;
-    log_has(
-        &host,
+    host.logged(
         "resource a.example.com/video is already served by scanner \"a\"",
         1,
     )
@@ -335,8 +307,7 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
 
     // And a good config applies.
     write_renamed(&path, &config(&[a(), b_acm()]));
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [], removed [dup], changed [b], unchanged [a]",
         1,
     )
@@ -368,7 +339,7 @@ async fn configmap_symlink_swap_reloads() {
     symlink(first.file_name().unwrap(), volume.join("..data")).unwrap();
     symlink("..data/wdp.yaml", volume.join("wdp.yaml")).unwrap();
     let path = volume.join("wdp.yaml");
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (_kubelet, mut seen, host) = serve(&f, &path, &plugins);
     seen.devices(A, &["video0"]).await;
 
@@ -382,8 +353,7 @@ async fn configmap_symlink_swap_reloads() {
     std::fs::remove_dir_all(&first).unwrap();
 
     seen.devices(C, &["sensor0"]).await;
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [c], removed [], changed [], unchanged [a]",
         1,
     )
@@ -407,14 +377,13 @@ async fn sighup_reloads_and_sees_rebuilt_components() {
         config(&[a().replace(&guest("generic").display().to_string(), "scanner.wasm")]),
     )
     .unwrap();
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (_kubelet, mut seen, host) = serve(&f, &path, &plugins);
     seen.devices(A, &["video0"]).await;
     let a_socket = socket_id(&plugins.join(A_SOCKET));
 
     host.signal("HUP");
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [], removed [], changed [], unchanged [a]",
         1,
     )
@@ -429,12 +398,12 @@ async fn sighup_reloads_and_sees_rebuilt_components() {
     assert_eq!(socket_id(&plugins.join(A_SOCKET)), a_socket);
 
     host.signal("HUP");
-    let log = log_has(
-        &host,
-        "config reloaded: added [], removed [], changed [a], unchanged []",
-        1,
-    )
-    .await;
+    let log = host
+        .logged(
+            "config reloaded: added [], removed [], changed [a], unchanged []",
+            1,
+        )
+        .await;
     assert!(
         log.contains("scanner a changed (component contents): restarting it"),
         "{log}"
@@ -463,7 +432,7 @@ async fn two_scanners_swap_resources_in_one_reload() {
         ]),
     )
     .unwrap();
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &path, &plugins);
     seen.devices(one, &["video0"]).await;
     seen.devices(two, &["ttyUSB0"]).await;
@@ -475,8 +444,7 @@ async fn two_scanners_swap_resources_in_one_reload() {
             generic("q", "s.example.com", "one", "/dev/ttyUSB*"),
         ]),
     );
-    log_has(
-        &host,
+    host.logged(
         "config reloaded: added [], removed [], changed [p, q], unchanged []",
         1,
     )

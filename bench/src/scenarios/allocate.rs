@@ -7,7 +7,7 @@ use anyhow::{Context, Result, ensure};
 use wdp_bench::fixtures::{BenchFixture, generic_devices, scanner_yaml, write_config};
 use wdp_kubelet::api;
 
-use super::shared::{Ctx, expect, guest, plugin_dir, us};
+use super::shared::{Ctx, expect, guest, us};
 use super::sizes::Sizes;
 use crate::e2e::kubelet;
 use crate::report::{Report, Row};
@@ -23,7 +23,6 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let generic = guest("generic");
     let config = write_config(
         &f,
-        "wdp.yaml",
         &[
             scanner_yaml("plain", &generic, "plain.wdp.dev", &env, None),
             scanner_yaml(
@@ -35,7 +34,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
             ),
         ],
     );
-    let (kubelet, mut obs) = kubelet(&plugin_dir(&f))?;
+    let (kubelet, mut obs) = kubelet(&f.plugin_dir())?;
     let host = ctx.start(&f, &config)?;
     let resources = ["plain.wdp.dev/serial", "hooked.wdp.dev/serial"];
     expect(
@@ -81,7 +80,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
         }
         results.push((took, floor));
     }
-    let memory = wdp_bench::procfs::memory(host.pid).ok();
+    let memory = wdp_bench::procfs::memory(host.pid()).ok();
     host.stop().await?;
     let [(plain, plain_floor), (hooked, _)] =
         <[_; 2]>::try_from(results).map_err(|_| anyhow::anyhow!("two resources"))?;

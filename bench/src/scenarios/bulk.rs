@@ -7,7 +7,7 @@ use anyhow::Result;
 use wdp_bench::fixtures::{self, BenchFixture, generic_devices, scanner_yaml, write_config};
 use wdp_bench::stats::human;
 
-use super::shared::{Ctx, expect, guest, ms, plugin_dir};
+use super::shared::{Ctx, expect, guest, ms};
 use super::sizes::Sizes;
 use crate::e2e::{Jitter, kubelet};
 use crate::report::{Report, Row};
@@ -27,7 +27,6 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let devices = generic_devices("bulk", "/dev/bulk/d*");
     let config = write_config(
         &f,
-        "wdp.yaml",
         &[scanner_yaml(
             "bulk",
             &guest("generic"),
@@ -36,7 +35,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
             None,
         )],
     );
-    let (_kubelet, mut obs) = kubelet(&plugin_dir(&f))?;
+    let (_kubelet, mut obs) = kubelet(&f.plugin_dir())?;
     let host = ctx.start(&f, &config)?;
     let long = Duration::from_secs(60);
     expect(&mut obs, &host, "bulk listed", long, |o| {
@@ -64,7 +63,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
         .await?;
         down.push(at - t0);
     }
-    let mem = wdp_bench::procfs::memory(host.pid).ok();
+    let mem = wdp_bench::procfs::memory(host.pid()).ok();
     host.stop().await?;
     let both: Vec<Duration> = up.iter().chain(&down).copied().collect();
     report.push(Row::timed(

@@ -1,7 +1,7 @@
 //! Hot-plug: how long a node appearing or going takes to reach kubelet's ListAndWatch.
 //!
 //! Three scenarios share one fixture shape (a `ttyUSB*` serial glob, or the `kvm` scanner's
-//! `/dev/fuse`): the event-driven `generic` scanner (the target), the same discovery
+//! `/dev/fuse`): the event-driven `generic` scanner (the one measured against the target), the same discovery
 //! polling every 5 s (the baseline it is compared with, in [`crate::report::Report::hotplug_ratio`])
 //! and a node of a device type not served yet (a new server, socket, registration and stream).
 
@@ -12,7 +12,7 @@ use anyhow::Result;
 use wdp_bench::fixtures::{BenchFixture, generic_devices, scanner_yaml, write_config};
 use wdp_bench::stats::Summary;
 
-use super::shared::{Ctx, expect, guest, ms, plugin_dir};
+use super::shared::{Ctx, expect, guest, ms};
 use super::sizes::Sizes;
 use crate::e2e::{Jitter, kubelet};
 use crate::report::{Report, Row};
@@ -37,7 +37,6 @@ async fn plug_cycles(
     env.extend_from_slice(extra_env);
     let config = write_config(
         &f,
-        "wdp.yaml",
         &[scanner_yaml(
             "serial",
             component,
@@ -46,7 +45,7 @@ async fn plug_cycles(
             None,
         )],
     );
-    let (_kubelet, mut obs) = kubelet(&plugin_dir(&f))?;
+    let (_kubelet, mut obs) = kubelet(&f.plugin_dir())?;
     let host = ctx.start(&f, &config)?;
     let long = Duration::from_secs(30);
     expect(&mut obs, &host, "ttyUSB0 listed", long, |o| {
@@ -147,7 +146,6 @@ pub async fn new_type(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<(
     f.char_dev("kvm", 10, 232);
     let config = write_config(
         &f,
-        "wdp.yaml",
         &[scanner_yaml(
             "kvm",
             &guest("kvm"),
@@ -156,7 +154,7 @@ pub async fn new_type(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<(
             None,
         )],
     );
-    let (_kubelet, mut obs) = kubelet(&plugin_dir(&f))?;
+    let (_kubelet, mut obs) = kubelet(&f.plugin_dir())?;
     let host = ctx.start(&f, &config)?;
     let long = Duration::from_secs(30);
     const FUSE: &str = "kvm.wdp.dev/fuse";
@@ -168,11 +166,11 @@ pub async fn new_type(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<(
     let (mut up, mut down) = (Vec::new(), Vec::new());
     for _ in 0..sizes.newtype_cycles {
         tokio::time::sleep(jitter.between(ms(5), ms(25))).await;
-        obs.registered.remove(FUSE);
+        let registrations = obs.registrations(FUSE);
         let t0 = Instant::now();
         f.char_dev("fuse", 10, 229);
         let at = expect(&mut obs, &host, "fuse registered and listed", long, |o| {
-            o.registered.contains(FUSE) && o.count(FUSE) == Some(4)
+            o.registrations(FUSE) > registrations && o.count(FUSE) == Some(4)
         })
         .await?;
         up.push(at - t0);
@@ -180,7 +178,7 @@ pub async fn new_type(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<(
         let t0 = Instant::now();
         f.remove_dev("fuse");
         let at = expect(&mut obs, &host, "fuse stream ended", long, |o| {
-            o.ended.contains(FUSE)
+            o.has_ended(FUSE)
         })
         .await?;
         down.push(at - t0);

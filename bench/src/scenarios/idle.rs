@@ -11,8 +11,8 @@ use anyhow::{Context, Result, ensure};
 use tokio::sync::oneshot;
 use wdp_bench::fixtures::{self, demo_fixture, demo_resources, scanner_yaml, write_config};
 
-use super::shared::{Ctx, expect, expect_quiet, guest, ms, plugin_dir};
-use crate::e2e::{self, RunOptions, WdpRun, kubelet};
+use super::shared::{Ctx, expect, expect_quiet, guest, ms};
+use crate::e2e::{self, kubelet};
 use crate::report::Row;
 
 /// Every bundled Rust scanner, one `wdp run`, idle: resident memory and wake-ups, over `window`
@@ -55,18 +55,18 @@ pub async fn run(
             None,
         ));
     }
-    let config = write_config(&f, "all.yaml", &entries);
-    let (_kubelet, mut obs) = kubelet(&plugin_dir(&f))?;
+    let config = write_config(&f, &entries);
+    let (_kubelet, mut obs) = kubelet(&f.plugin_dir())?;
     // A first start compiles the ten scanners no earlier row used: its memory includes the
     // compiler's. Measured, then the host is restarted from the warm cache, as on any restart.
     let cold = {
         let host = ctx.start(&f, &config)?;
         expect(&mut obs, &host, "demo resources", ms(120_000), |o| {
-            o.all_listed(&resources)
+            o.all_streaming(&resources)
         })
         .await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let mem = wdp_bench::procfs::memory(host.pid)?;
+        let mem = wdp_bench::procfs::memory(host.pid())?;
         host.stop().await?;
         expect_quiet(&mut obs, &resources).await;
         obs.forget();
@@ -75,24 +75,19 @@ pub async fn run(
     // JSON logs, with the change watcher's trace events: kernel uevents (which describe the real
     // machine, whatever the fixture) wake every scanner, and the timeline says which bursts they
     // explain.
-    let host = WdpRun::start(
+    let host = ctx.launch(
         &f,
-        &RunOptions {
-            wdp: &ctx.wdp,
-            config: &config,
-            plugin_dir: &plugin_dir(&f),
-            compile_cache: &ctx.cache,
-            json_logs: true,
-            log_filter: "info,wdp::sandbox::watch=trace",
-        },
+        &config,
+        "info,wdp::sandbox::watch=trace",
+        &["--log-format", "json"],
     )?;
     expect(&mut obs, &host, "demo resources", ms(60_000), |o| {
-        o.all_listed(&resources)
+        o.all_streaming(&resources)
     })
     .await?;
     // Nobody listening only means nothing waits for this row.
     let _ = idling.send(());
-    let pid = host.pid;
+    let pid = host.pid();
     // (second, wake-ups, threads that exited) for every second with any.
     let mut timeline: Vec<(u64, u64, usize)> = Vec::new();
     let mut last = wdp_bench::procfs::thread_switches(pid)?;
@@ -129,7 +124,7 @@ pub async fn run(
             "the idle window ({window:?}) is shorter than the start-up's aftermath ({settle} s)"
         )
     })?;
-    let log = host.log_text();
+    let log = host.log();
     host.stop().await?;
     let scanners = 2 + others.len();
     let failed = log.matches("scanner failed").count();

@@ -1,4 +1,4 @@
-//! The scenarios of the table, one module each. Each starts what it measures (fixture,
+//! The scenarios of the results table, one module each. Each starts what it measures (fixture,
 //! kubelet stand-in, `wdp run` or the sandbox itself), measures, and adds its rows and details
 //! to the report; `main` only picks and orders them.
 //!

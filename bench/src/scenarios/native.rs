@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
 use wdp::hostfs::DevFs;
 use wdp::policy::Policy;
 use wdp::sandbox::watch::ChangeWatcher;
@@ -101,15 +102,16 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         let plugin = scanner.pre.instantiate_async(&mut store).await?;
         let t0 = Instant::now();
         instantiate.push(t0 - t_inst);
-        let task = tokio::spawn(async move {
+        // Aborted when dropped: an early return stops the guest too.
+        let task = AbortOnDropHandle::new(tokio::spawn(async move {
             plugin
                 .wdp_device_plugin_scanner()
                 .call_scan(&mut store)
                 .await
-        });
+        }));
         let first = rx.recv().await;
         cold.push(t0.elapsed());
-        task.abort();
+        drop(task);
         match first {
             Some(ScannerEvent::Tree(t)) => ensure!(t.device_count() == n, "wasm tree size"),
             other => bail!("expected a tree from the wasm scanner, got {other:?}"),
@@ -123,12 +125,12 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     let (tx, mut rx) = mpsc::channel(4);
     let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
     let plugin = scanner.pre.instantiate_async(&mut store).await?;
-    let task = tokio::spawn(async move {
+    let task = AbortOnDropHandle::new(tokio::spawn(async move {
         plugin
             .wdp_device_plugin_scanner()
             .call_scan(&mut store)
             .await
-    });
+    }));
     let first = rx.recv().await;
     ensure!(matches!(first, Some(ScannerEvent::Tree(_))), "first tree");
     let extra = format!("bench/d{n}");
@@ -159,7 +161,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         warm.push(t1 - t_w);
         warm_total.push(t1 - t0);
     }
-    task.abort();
+    drop(task);
     drop(watcher);
 
     let med = |v: &[Duration]| Summary::of(v).map(|s| s.median).unwrap_or_default();

@@ -4,20 +4,21 @@
 //! alike: process start to registration, Allocate, idle resident memory, binary size.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
-use tokio::process::{Child, Command};
+use anyhow::{Context, Result, anyhow, ensure};
+use tokio::process::Command;
 use wdp_bench::fixtures::{BenchFixture, generic_devices, repo_root, scanner_yaml, write_config};
 use wdp_bench::procfs::Memory;
 use wdp_bench::stats::{Summary, human};
 use wdp_kubelet::api;
 use wdp_kubelet::standin::StandIn;
+use wdp_tests::host::{Host, Seen};
 
-use super::shared::{Ctx, expect_quiet, guest, ms, plugin_dir};
+use super::shared::{Ctx, expect, expect_quiet, guest, ms};
 use super::sizes::Sizes;
-use crate::e2e::{Observer, WdpRun, kubelet};
+
+use crate::e2e::kubelet;
 use crate::report::{Report, Row};
 
 /// Devices each plugin serves.
@@ -60,7 +61,6 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let devices = generic_devices("serial", "/dev/ttyUSB*");
     let config = write_config(
         &f,
-        "wdp.yaml",
         &[scanner_yaml(
             "serial",
             &guest("generic"),
@@ -69,16 +69,16 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
             None,
         )],
     );
-    let dir = plugin_dir(&f);
+    let dir = f.plugin_dir();
     let (kubelet, mut obs) = kubelet(&dir)?;
     let wdp = measure(&kubelet, &mut obs, sizes, WDP_RESOURCE, &ctx.wdp, || {
-        Ok(Plugin::Wdp(ctx.start(&f, &config)?))
+        ctx.start(&f, &config)
     })
     .await
     .context("wdp")?;
     let log = f.path().join("peer.log");
     let peer = measure(&kubelet, &mut obs, sizes, PEER_RESOURCE, &peer, || {
-        Plugin::peer(&peer, &dir, &paths, &log)
+        start_peer(&peer, &dir, &paths, &log)
     })
     .await
     .context("the peer")?;
@@ -189,25 +189,25 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
 /// its memory read and answers `sizes.allocate_calls` Allocate calls.
 async fn measure(
     kubelet: &StandIn,
-    obs: &mut Observer,
+    obs: &mut Seen,
     sizes: &Sizes,
     resource: &str,
     binary: &Path,
-    start: impl Fn() -> Result<Plugin>,
+    start: impl Fn() -> Result<Host>,
 ) -> Result<Measured> {
     let mut registered = Vec::new();
     let mut last = None;
     for run in 0..=sizes.starts {
         obs.forget();
         let plugin = start()?;
-        let t_reg = plugin
-            .wait(obs, "registered", |o| o.registered.contains(resource))
-            .await?;
-        plugin
-            .wait(obs, "listed", |o| {
-                o.count(resource) == Some(DEVICES as usize)
-            })
-            .await?;
+        let t_reg = expect(obs, &plugin, "registered", ms(30_000), |o| {
+            o.registrations(resource) > 0
+        })
+        .await?;
+        expect(obs, &plugin, "listed", ms(30_000), |o| {
+            o.count(resource) == Some(DEVICES as usize)
+        })
+        .await?;
         if run > 0 {
             registered.push(t_reg - plugin.spawned());
         }
@@ -257,98 +257,11 @@ async fn measure(
     })
 }
 
-/// A running plugin: `wdp run`, or the peer.
-enum Plugin {
-    Wdp(WdpRun),
-    Peer {
-        child: Child,
-        pid: u32,
-        spawned: Instant,
-        log: PathBuf,
-    },
-}
-
-impl Plugin {
-    /// Starts the peer serving `devices` to the stand-in in `plugin_dir`, logging into `log`.
-    fn peer(bin: &Path, plugin_dir: &Path, devices: &[PathBuf], log: &Path) -> Result<Plugin> {
-        let log_file = std::fs::File::create(log).context("create the peer's log file")?;
-        let mut cmd = Command::new(bin);
-        cmd.arg(plugin_dir)
-            .arg(PEER_RESOURCE)
-            .args(devices)
-            .env_remove("RUST_BACKTRACE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .kill_on_drop(true);
-        let spawned = Instant::now();
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("the peer exited at once"))?;
-        Ok(Plugin::Peer {
-            child,
-            pid,
-            spawned,
-            log: log.to_path_buf(),
-        })
-    }
-
-    fn pid(&self) -> u32 {
-        match self {
-            Plugin::Wdp(w) => w.pid,
-            Plugin::Peer { pid, .. } => *pid,
-        }
-    }
-
-    fn spawned(&self) -> Instant {
-        match self {
-            Plugin::Wdp(w) => w.spawned,
-            Plugin::Peer { spawned, .. } => *spawned,
-        }
-    }
-
-    /// Waits (at most 30 s) for a condition; on failure the plugin's log goes with the error.
-    async fn wait(
-        &self,
-        obs: &mut Observer,
-        what: &str,
-        done: impl FnMut(&Observer) -> bool,
-    ) -> Result<Instant> {
-        obs.until(what, ms(30_000), done).await.map_err(|e| {
-            let log = match self {
-                Plugin::Wdp(w) => w.log_text(),
-                Plugin::Peer { log, .. } => std::fs::read_to_string(log).unwrap_or_default(),
-            };
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            e.context(format!("log (tail):\n{}", tail.join("\n")))
-        })
-    }
-
-    /// SIGTERM, then waits for the exit.
-    async fn stop(self) -> Result<()> {
-        match self {
-            Plugin::Wdp(w) => {
-                w.stop().await?;
-            }
-            Plugin::Peer { mut child, pid, .. } => {
-                let status = std::process::Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status()
-                    .context("run kill")?;
-                if !status.success() {
-                    bail!("kill -TERM {pid} failed");
-                }
-                tokio::time::timeout(Duration::from_secs(20), child.wait())
-                    .await
-                    .context("the peer did not stop within 20 s of SIGTERM")??;
-            }
-        }
-        Ok(())
-    }
+/// Starts the peer serving `devices` to the stand-in in `plugin_dir`, logging into `log`.
+fn start_peer(bin: &Path, plugin_dir: &Path, devices: &[PathBuf], log: &Path) -> Result<Host> {
+    let mut cmd = Command::new(bin);
+    cmd.arg(plugin_dir).arg(PEER_RESOURCE).args(devices);
+    Ok(Host::spawn(&mut cmd, log)?)
 }
 
 fn summary(samples: &[Duration]) -> Result<Summary> {

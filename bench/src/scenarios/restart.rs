@@ -38,13 +38,13 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
         })
         .await?;
         let t_list = expect(&mut obs, &host, "all listed", ms(20_000), |o| {
-            o.all_listed(&resources)
+            o.all_streaming(&resources)
         })
         .await?;
         registered.push(t_reg - t0);
         listed.push(t_list - t0);
     }
-    let log = host.log_text();
+    let log = host.log();
     host.stop().await?;
     kubelet.stop().await;
     // What the host said about the registrations that did not go straight through.

@@ -10,7 +10,9 @@ use anyhow::Result;
 use wdp_bench::fixtures::{BenchFixture, Fixture, demo_fixture, demo_resources};
 use wdp_kubelet::standin::StandIn;
 
-use crate::e2e::{Observer, RunOptions, WdpRun, kubelet};
+use wdp_tests::host::{Host, Launch, Seen};
+
+use crate::e2e::kubelet;
 
 /// Components from `--guests DIR` instead of this tree's build (for what-if runs).
 pub static GUESTS: OnceLock<PathBuf> = OnceLock::new();
@@ -35,18 +37,26 @@ pub struct Ctx {
 
 impl Ctx {
     /// Starts `wdp run` over the fixture with `config`, as shipped: text logs at `info`.
-    pub fn start(&self, f: &Fixture, config: &Path) -> Result<WdpRun> {
-        WdpRun::start(
-            f,
-            &RunOptions {
-                wdp: &self.wdp,
-                config,
-                plugin_dir: &plugin_dir(f),
-                compile_cache: &self.cache,
-                json_logs: false,
-                log_filter: "info",
-            },
-        )
+    pub fn start(&self, f: &Fixture, config: &Path) -> Result<Host> {
+        self.launch(f, config, "info", &[])
+    }
+
+    /// Starts `wdp run` over the fixture with `config`, logs filtered by `log_filter`, with more
+    /// arguments (e.g. `--log-format json`).
+    pub fn launch(
+        &self,
+        f: &Fixture,
+        config: &Path,
+        log_filter: &str,
+        args: &[&str],
+    ) -> Result<Host> {
+        let launch = Launch {
+            wdp: self.wdp.clone(),
+            compile_cache: self.cache.clone(),
+            log_filter,
+            args,
+        };
+        Ok(Host::launch(config, &f.plugin_dir(), f, &launch)?)
     }
 }
 
@@ -58,15 +68,15 @@ pub struct Demo {
     pub resources: Vec<String>,
     pub dir: PathBuf,
     pub kubelet: StandIn,
-    pub obs: Observer,
-    pub host: WdpRun,
+    pub obs: Seen,
+    pub host: Host,
 }
 
 /// Starts [`Demo`]: the stand-in first, then the host, then waits for all 10 lists.
 pub async fn demo(ctx: &Ctx) -> Result<Demo> {
     let (fixture, config) = demo_fixture();
     let resources = demo_resources();
-    let dir = plugin_dir(&fixture);
+    let dir = fixture.plugin_dir();
     let (kubelet, mut obs) = kubelet(&dir)?;
     let host = ctx.start(&fixture, &config)?;
     expect(
@@ -74,7 +84,7 @@ pub async fn demo(ctx: &Ctx) -> Result<Demo> {
         &host,
         "10 resources",
         Duration::from_secs(30),
-        |o| o.all_listed(&resources),
+        |o| o.all_streaming(&resources),
     )
     .await?;
     Ok(Demo {
@@ -87,35 +97,24 @@ pub async fn demo(ctx: &Ctx) -> Result<Demo> {
     })
 }
 
-/// The fixture's kubelet plugin directory (the stand-in's and the host's sockets).
-pub fn plugin_dir(f: &Fixture) -> PathBuf {
-    f.path().join("plugins")
-}
-
 /// Waits for a condition; on failure the host's log goes with the error.
 pub async fn expect(
-    obs: &mut Observer,
-    host: &WdpRun,
+    obs: &mut Seen,
+    host: &Host,
     what: &str,
     timeout: Duration,
-    done: impl FnMut(&Observer) -> bool,
+    done: impl FnMut(&Seen) -> bool,
 ) -> Result<Instant> {
-    match obs.until(what, timeout, done).await {
-        Ok(at) => Ok(at),
-        Err(e) => {
-            let log = host.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            Err(e.context(format!("host log (tail):\n{}", tail.join("\n"))))
-        }
-    }
+    obs.wait(what, timeout, done)
+        .await
+        .map_err(|e| anyhow::Error::new(e).context(format!("log (tail):\n{}", host.log_tail(30))))
 }
 
 /// After a host stops, waits until the stand-in saw every stream end (at most 5 s).
-pub async fn expect_quiet(obs: &mut Observer, resources: &[String]) {
+pub async fn expect_quiet(obs: &mut Seen, resources: &[String]) {
     let _ = obs
-        .until("streams ended", Duration::from_secs(5), |o| {
-            resources.iter().all(|r| o.ended.contains(r))
+        .wait("streams ended", Duration::from_secs(5), |o| {
+            resources.iter().all(|r| o.has_ended(r))
         })
         .await;
 }

@@ -7,10 +7,12 @@ use std::time::{Duration, SystemTime};
 use anyhow::Result;
 use wdp_bench::fixtures::{demo_fixture, demo_resources};
 use wdp_bench::stats::human;
+use wdp_tests::host::{Host, Launch};
 
-use super::shared::{Ctx, expect, expect_quiet, ms, plugin_dir};
+use super::shared::{Ctx, expect, expect_quiet, ms};
 use super::sizes::Sizes;
-use crate::e2e::{self, RunOptions, WdpRun, kubelet};
+
+use crate::e2e::{self, kubelet};
 use crate::report::{self, Report, Row};
 
 /// Starts the host over the demo configuration, once cold then `sizes.starts` times from the
@@ -19,7 +21,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     println!("\n== process start -> every resource registered (compile cache warm) ==");
     let (f, config) = demo_fixture();
     let resources = demo_resources();
-    let dir = plugin_dir(&f);
+    let dir = f.plugin_dir();
     let cache = f.path().join("compiled");
     let (_kubelet, mut obs) = kubelet(&dir)?;
     let mut cold = None;
@@ -27,28 +29,24 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let mut phases: Vec<Vec<(String, Duration)>> = Vec::new();
     for run in 0..=sizes.starts {
         obs.forget();
-        let host = WdpRun::start(
-            &f,
-            &RunOptions {
-                wdp: &ctx.wdp,
-                config: &config,
-                plugin_dir: &dir,
-                compile_cache: &cache,
-                json_logs: true,
-                log_filter: "info",
-            },
-        )?;
-        let t0 = host.spawned;
+        let launch = Launch {
+            wdp: ctx.wdp.clone(),
+            compile_cache: cache.clone(),
+            log_filter: "info",
+            args: &["--log-format", "json"],
+        };
+        let host = Host::launch(&config, &dir, &f, &launch)?;
+        let t0 = host.spawned();
         let t_reg = expect(&mut obs, &host, "all registered", ms(60_000), |o| {
             o.all_registered(&resources)
         })
         .await?;
         let t_list = expect(&mut obs, &host, "all listed", ms(60_000), |o| {
-            o.all_listed(&resources)
+            o.all_streaming(&resources)
         })
         .await?;
-        let log = host.log_text();
-        let spawned_wall = host.spawned_wall;
+        let log = host.log();
+        let spawned_wall = host.spawned_wall();
         host.stop().await?;
         expect_quiet(&mut obs, &resources).await;
         if run == 0 {

@@ -29,24 +29,24 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
         // on its own, which the host answers without its repeated-loss backoff.
         tokio::time::sleep(jitter.between(ms(150), ms(250))).await;
         let resource = &resources[i % resources.len()];
-        obs.registered.remove(resource);
+        let registrations = obs.registrations(resource);
         let t0 = Instant::now();
         if !kubelet.cut_stream(resource) {
             bail!("{resource} is not registered with the stand-in");
         }
         let t_reg = expect(&mut obs, &host, "registered again", ms(20_000), |o| {
-            o.registered.contains(resource)
+            o.registrations(resource) > registrations
         })
         .await?;
         // The cut stream's end clears the list; the next one is the new stream's.
         let t_list = expect(&mut obs, &host, "listed again", ms(20_000), |o| {
-            o.ended.is_empty() && o.all_listed(&resources)
+            !o.any_ended() && o.all_streaming(&resources)
         })
         .await?;
         registered.push(t_reg - t0);
         listed.push(t_list - t0);
     }
-    let log = host.log_text();
+    let log = host.log();
     host.stop().await?;
     kubelet.stop().await;
     report.details.push((

@@ -1,5 +1,5 @@
-//! What every catalogue test does: run `wdp scan --once` over a fixture, write a `wdp run`
-//! config, make the plugin directory.
+//! What every catalogue test does: run `wdp scan --once` over a fixture and compare the ids of
+//! its tree, write a `wdp run` config of one scanner.
 
 use std::path::PathBuf;
 
@@ -10,10 +10,15 @@ use wdp_tests::{guest, json_lines, wdp};
 /// The one tree `wdp scan --once` prints for scanner `name` over `f` with `env` (`KEY=VALUE`);
 /// fails the test, with the scanner's stderr, when the scan fails.
 pub fn scan_once(name: &str, f: &Fixture, env: &[&str]) -> Value {
-    let out = scan(name, f, env);
+    scan_once_allowing(name, f, env, &[])
+}
+
+/// [`scan_once`] with mounts below each of `allow` allowed (`--allow-mount`).
+pub fn scan_once_allowing(name: &str, f: &Fixture, env: &[&str], allow: &[&str]) -> Value {
+    let out = scan_allowing(name, f, env, allow);
     assert!(
         out.status.success(),
-        "wdp scan {name} failed: {}",
+        "wdp scan {name} {env:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let mut trees = json_lines(&out.stdout);
@@ -80,11 +85,18 @@ pub fn ids(tree: &Value) -> Vec<(String, Vec<String>)> {
     out
 }
 
-/// Writes `yaml` as the fixture's `wdp run` config and returns its path.
-pub fn write_config(f: &Fixture, yaml: &str) -> PathBuf {
-    let path = f.path().join("wdp.yaml");
-    std::fs::write(&path, yaml).expect("write config");
-    path
+/// `(type, ids)` pairs in the form [`ids`] gives, sorted as it sorts: what a test expects.
+pub fn ids_of<S: AsRef<str>>(pairs: &[(&str, &[S])]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = pairs
+        .iter()
+        .map(|(t, ids)| {
+            let mut ids: Vec<String> = ids.iter().map(|s| s.as_ref().to_string()).collect();
+            ids.sort();
+            (t.to_string(), ids)
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// A config with one scanner `name` (its component is the guest of the same name) serving
@@ -103,19 +115,10 @@ pub fn one_scanner_config(
     } else {
         String::new()
     };
-    write_config(
-        f,
-        &format!(
+    f.write_config(&format!(
             "scanners:\n  - name: {name}\n    component: {}\n    namespace: {namespace}\n    env: {{ {} }}\n{hook}",
             component.display(),
             env.join(", ")
         ),
     )
-}
-
-/// The plugin directory the kubelet stand-in and `wdp run` share (`<fixture>/plugins`).
-pub fn plugin_dir(f: &Fixture) -> PathBuf {
-    let dir = f.path().join("plugins");
-    std::fs::create_dir_all(&dir).expect("mkdir plugins");
-    dir
 }

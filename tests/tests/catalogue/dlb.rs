@@ -9,7 +9,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, one_scanner_config, plugin_dir, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan_once};
 
 /// The dynamic major the kernel gave "dlb".
 const DLB_MAJOR: u32 = 236;
@@ -57,13 +57,6 @@ fn enable_vfs(f: &Fixture) {
     dlb(f, "0000:6d:00.2", VF_ID, 3, None);
 }
 
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect()
-}
-
 #[test]
 fn pfs_then_vfs_with_their_paths_as_ids() {
     let f = Fixture::new();
@@ -105,7 +98,7 @@ async fn vfs_are_allocated_and_a_pf_turns_unhealthy_when_its_vfs_take_over() {
         &["RESCAN_INTERVAL_MS: 600000"],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let (pf, vf) = ("dlb.intel.com/pf", "dlb.intel.com/vf");
     seen.devices(pf, &["/dev/dlb0", "/dev/dlb1"]).await;

@@ -12,7 +12,7 @@ use wdp_tests::fixture::{Fixture, PCI_ROOT};
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines};
 
-use crate::common::{plugin_dir, scan_allowing, write_config};
+use super::common::scan_allowing;
 
 /// One way to start a bundled scanner: its options and allowed mounts, over a fixture.
 pub(crate) struct Case {
@@ -98,28 +98,28 @@ fn with(build: fn(&Fixture)) -> Fixture {
 }
 
 fn gpus() -> Fixture {
-    with(crate::gpu::machine)
+    with(super::gpu::machine)
 }
 fn npus() -> Fixture {
-    with(crate::npu::machine)
+    with(super::npu::machine)
 }
 fn sgx() -> Fixture {
-    with(crate::sgx::machine)
+    with(super::sgx::machine)
 }
 fn dlbs() -> Fixture {
-    with(crate::dlb::machine)
+    with(super::dlb::machine)
 }
 fn qat() -> Fixture {
-    with(crate::qat::gen4)
+    with(super::qat::gen4)
 }
 fn idxd() -> Fixture {
-    with(crate::idxd::machine)
+    with(super::idxd::machine)
 }
 fn vfio() -> Fixture {
-    with(crate::vfio::machine)
+    with(super::vfio::machine)
 }
 fn generic() -> Fixture {
-    with(crate::host::two_node_machine)
+    with(super::host::two_node_machine)
 }
 fn kvm() -> Fixture {
     let f = Fixture::new();
@@ -153,11 +153,11 @@ pub(crate) fn defaults() -> Vec<Case> {
         Case::new("qat", "qat.intel.com", qat),
         Case::new("idxd", "dsa.intel.com", idxd).env("IDXD_DEVICE", "dsa"),
         Case::new("vfio", "dsa.intel.com", vfio).env("VFIO_DEVICE_IDS", "0x0b25,0x11fb,0x1212"),
-        Case::new("nvidia", "nvidia.com", crate::nvidia::server),
-        Case::new("usb", "usb.example.com", crate::usb::workstation)
+        Case::new("nvidia", "nvidia.com", super::nvidia::server),
+        Case::new("usb", "usb.example.com", super::usb::workstation)
             .env("USB_DEVICES", "1050:0407,0403:6001:A12345"),
-        Case::new("serial", "serial.example.com", crate::serial::bench),
-        Case::new("generic", "generic.example.com", generic).env("DEVICES", crate::host::DEVICES),
+        Case::new("serial", "serial.example.com", super::serial::bench),
+        Case::new("generic", "generic.example.com", generic).env("DEVICES", super::host::DEVICES),
         Case::new("kvm", "devices.example.com", kvm),
     ]
 }
@@ -174,8 +174,8 @@ fn richer() -> Vec<Case> {
         Case::new("qat", "qat.intel.com", qat_igb_uio)
             .env("DPDK_DRIVER", "igb_uio")
             .allow("/sys/class/uio"),
-        Case::new("nvidia", "nvidia.com", crate::nvidia::server).env("REPLICAS", "2"),
-        Case::new("serial", "serial.example.com", crate::serial::bench)
+        Case::new("nvidia", "nvidia.com", super::nvidia::server).env("REPLICAS", "2"),
+        Case::new("serial", "serial.example.com", super::serial::bench)
             .env("CONTAINER_PATHS", "by-id"),
         Case::new("generic", "generic.example.com", generic)
             .env("DEVICES", mount)
@@ -273,11 +273,8 @@ async fn serve_until_listed(case: &Case, f: &Fixture, entry: &Value) -> Vec<(Str
         .unwrap_or_else(|e| panic!("{}: {e}", case.label()));
     let types: Vec<&String> = tree.as_object().unwrap().keys().collect();
     assert!(!types.is_empty(), "{}: an empty tree", case.label());
-    let config = write_config(
-        f,
-        &serde_yaml_ng::to_string(&json!({"scanners": [entry]})).unwrap(),
-    );
-    let plugins = plugin_dir(f);
+    let config = f.write_config(&serde_yaml_ng::to_string(&json!({"scanners": [entry]})).unwrap());
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(f, &config, &plugins);
     let resources: Vec<String> = types
         .iter()
@@ -519,7 +516,7 @@ fn readme_examples() -> Vec<Example> {
 fn fixture_of(scanner: &str) -> fn() -> Fixture {
     match scanner {
         // The served `generic` entry picks serial adapters.
-        "generic" => crate::serial::bench,
+        "generic" => super::serial::bench,
         other => {
             defaults()
                 .into_iter()

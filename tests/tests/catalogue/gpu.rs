@@ -5,10 +5,10 @@
 
 use serde_json::{Value, json};
 use wdp_tests::fixture::Fixture;
+use wdp_tests::guest;
 use wdp_tests::host::serve;
-use wdp_tests::{guest, json_lines, wdp};
 
-use crate::common::{ids, plugin_dir, write_config};
+use super::common::{ids, ids_of, scan_allowing, scan_once_allowing};
 
 /// The DRM major (`/proc/devices`: 226 drm).
 const DRM_MAJOR: u32 = 226;
@@ -93,51 +93,14 @@ pub(crate) fn machine(f: &Fixture) {
     }
 }
 
-/// `wdp scan --once` of the gpu scanner with by-path mounts allowed (as the config would), the
-/// component compiled once per fixture (the option tests scan a dozen times).
+/// `wdp scan --once` of the gpu scanner with by-path mounts allowed (as the config would).
 fn scan_gpu(f: &Fixture, env: &[&str]) -> std::process::Output {
-    let component = guest("gpu").display().to_string();
-    let (sys, dev) = (f.sys().display().to_string(), f.dev().display().to_string());
-    let cache = f.path().join("compiled").display().to_string();
-    let mut args = vec![
-        "scan",
-        "--component",
-        &component,
-        "--sys-root",
-        &sys,
-        "--dev-root",
-        &dev,
-        "--allow-mount",
-        ALLOW_BYPATH,
-        "--compile-cache",
-        &cache,
-        "--once",
-    ];
-    for e in env {
-        args.extend(["--env", e]);
-    }
-    wdp(&args)
+    scan_allowing("gpu", f, env, &[ALLOW_BYPATH])
 }
 
+/// [`scan_gpu`], failing the test unless it gives one tree.
 fn scan_ok(f: &Fixture, env: &[&str]) -> Value {
-    let out = scan_gpu(f, env);
-    assert!(
-        out.status.success(),
-        "wdp scan gpu {env:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut trees = json_lines(&out.stdout);
-    assert_eq!(trees.len(), 1, "--once prints one tree");
-    trees.remove(0)
-}
-
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    let mut v: Vec<(String, Vec<String>)> = pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect();
-    v.sort();
-    v
+    scan_once_allowing("gpu", f, env, &[ALLOW_BYPATH])
 }
 
 fn node(path: &str) -> Value {
@@ -310,9 +273,7 @@ fn a_pf_with_vfs_gives_way_to_its_vfs() {
 
 /// A `wdp run` config serving the gpu scanner with by-path mounts allowed.
 fn config(f: &Fixture, env: &str) -> std::path::PathBuf {
-    write_config(
-        f,
-        &format!(
+    f.write_config(&format!(
             "scanners:\n  - name: gpu\n    component: {}\n    namespace: gpu.intel.com\n    env: {{ RESCAN_INTERVAL_MS: 600000{env} }}\n    policy: {{ allowed-mounts: [{ALLOW_BYPATH}] }}\n",
             guest("gpu").display()
         ),
@@ -324,7 +285,7 @@ async fn allocate_gives_the_gpu_nodes_and_its_bypath_links() {
     let f = Fixture::new();
     machine(&f);
     let config = config(&f, ", BYPATH: single, SHARED_DEV_NUM: 2");
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("gpu.intel.com/i915", &["card0-0", "card0-1"])
         .await;
@@ -376,7 +337,7 @@ async fn unbinding_the_driver_turns_the_gpu_unhealthy_until_it_returns() {
     let f = Fixture::new();
     machine(&f);
     let config = config(&f, "");
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let xe = "gpu.intel.com/xe";
     seen.devices(xe, &["card1-0"]).await;

@@ -7,7 +7,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::serve;
 
-use crate::common::{plugin_dir, scan_once, write_config};
+use super::common::scan_once;
 
 pub(crate) const DEVICES: &str = r#"[{"name":"gpu","groups":[{"paths":[{"path":"/dev/dri/card*"}]}]},{"name":"vfio","groups":[{"paths":[{"path":"/dev/vfio/1*"}]}]}]"#;
 
@@ -69,15 +69,13 @@ async fn cdi_specs_follow_the_devices_and_allocate_names_them() {
     let f = Fixture::new();
     two_node_machine(&f);
     let cdi_dir = f.path().join("cdi");
-    let config = write_config(
-        &f,
-        &format!(
+    let config = f.write_config(&format!(
             "scanners:\n  - name: gpu\n    component: {}\n    namespace: gpu.example.com\n    env:\n      RESCAN_INTERVAL_MS: 600000\n      DEVICES: '{DEVICES}'\n    cdi: {{ dir: {} }}\n",
             guest("generic").display(),
             cdi_dir.display()
         ),
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let gpu = "gpu.example.com/gpu";
     seen.devices(gpu, &["dri_card0", "dri_card1", "dri_card2"])

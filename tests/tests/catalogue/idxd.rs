@@ -9,7 +9,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, one_scanner_config, plugin_dir, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// Dynamic majors of the idxd char devices, one region per device type.
 const DSA_MAJOR: u32 = 236;
@@ -88,13 +88,6 @@ fn enable_node(f: &Fixture, dev: &str, wq: &str, minor: u32) {
         &format!("char/{major}:{minor}"),
         &format!("../{class}/{wq}"),
     );
-}
-
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect()
 }
 
 #[test]
@@ -199,7 +192,7 @@ async fn disabled_queue_turns_unhealthy_and_allocate_gives_its_nodes() {
         ],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let shared = "dsa.intel.com/wq-user-shared";
     seen.devices(

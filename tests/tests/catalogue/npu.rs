@@ -6,7 +6,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, one_scanner_config, plugin_dir, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The accel subsystem's major (`/proc/devices`: 261 accel).
 const ACCEL_MAJOR: u32 = 261;
@@ -57,13 +57,6 @@ pub(crate) fn machine(f: &Fixture) {
     for (bdf, vendor, id, driver, n) in ACCELS {
         accel(f, bdf, vendor, id, driver, n);
     }
-}
-
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect()
 }
 
 #[test]
@@ -132,7 +125,7 @@ async fn npu_is_allocated_and_turns_unhealthy_while_unbound() {
         &["SHARED_DEV_NUM: 2", "RESCAN_INTERVAL_MS: 600000"],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let res = "npu.intel.com/accel";
     seen.devices(res, &["accel0-0", "accel0-1"]).await;

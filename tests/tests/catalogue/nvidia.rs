@@ -8,7 +8,7 @@ use tonic::Code;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use super::common::{ids, one_scanner_config, plugin_dir, scan, scan_once, write_config};
+use super::common::{ids, one_scanner_config, scan, scan_once};
 
 const RESOURCE: &str = "nvidia.com/gpu";
 /// An A100 (3D controller) on NUMA node 0.
@@ -158,9 +158,7 @@ fn nvidia_env_options_and_bad_values() {
 async fn nvidia_allocate_sets_visible_devices_per_container() {
     let f = server();
     let nvidia = wdp_tests::guest("nvidia").display().to_string();
-    let config = write_config(
-        &f,
-        &format!(
+    let config = f.write_config(&format!(
             "scanners:
   - name: nvidia
     component: {nvidia}
@@ -175,7 +173,7 @@ async fn nvidia_allocate_sets_visible_devices_per_container() {
 "
         ),
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(RESOURCE, &[A100, RTX]).await;
     let shared = "shared.nvidia.com/gpu";
@@ -238,7 +236,7 @@ async fn nvidia_missing_node_is_unhealthy_at_once() {
         &["RESCAN_INTERVAL_MS: 600000"],
         true,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(RESOURCE, &[A100, RTX]).await;
     seen.health(RESOURCE, A100, "Healthy").await;
@@ -272,7 +270,7 @@ async fn nvidia_unbound_gpu_is_unhealthy_and_others_keep_their_node() {
         &["RESCAN_INTERVAL_MS: 600000"],
         true,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices(RESOURCE, &[A100, RTX]).await;
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wdp_kubelet::api;
 use wdp_tests::fixture::{Fixture, PCI_ROOT};
+use wdp_tests::guest;
 use wdp_tests::host::serve;
-use wdp_tests::{guest, json_lines};
 
-use crate::common::{self, ids, one_scanner_config, plugin_dir, scan, scan_once, write_config};
+use super::common::{self, ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The dynamic major the kernel gave "vfio" group nodes (`/proc/devices`).
 const VFIO_MAJOR: u32 = 243;
@@ -88,22 +88,9 @@ pub(crate) fn gen4(f: &Fixture) {
     }
 }
 
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect()
-}
-
 /// `wdp scan --once` allowing mounts below `allow` (for igb_uio's `/sys/class/uio` mounts).
 fn scan_allowing(f: &Fixture, env: &[&str], allow: &str) -> Value {
-    let out = common::scan_allowing("qat", f, env, &[allow]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    json_lines(&out.stdout).remove(0)
+    common::scan_once_allowing("qat", f, env, &[allow])
 }
 
 fn without_numa(mut v: Value) -> Value {
@@ -158,7 +145,7 @@ fn options_select_drivers_counts_and_dpdk_modes() {
     );
     // No 420xx PF and no 420xx VF (id 4947): nothing.
     let tree = scan_once("qat", &f, &["KERNEL_VF_DRIVERS=420xxvf"]);
-    assert_eq!(ids(&tree), ids_of(&[]));
+    assert_eq!(ids(&tree), ids_of::<&str>(&[]));
 
     // igb_uio: only the VF bound to it is served, with its uio node and a writable mount.
     f.pci_bind("0000:6b:00.3", "igb_uio");
@@ -241,7 +228,7 @@ async fn unbound_vf_turns_unhealthy_and_recovers() {
         &["RESCAN_INTERVAL_MS: 600000"],
         true,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let cy = "qat.intel.com/cy";
     seen.devices(cy, &["0000:6b:00.1", "0000:6b:00.2", "0000:6b:00.3"])
@@ -287,7 +274,7 @@ async fn heartbeat_and_services_are_seen_at_the_rescan() {
         &["RESCAN_INTERVAL_MS: 200"],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let (cy, dc) = ("qat.intel.com/cy", "qat.intel.com/dc");
     seen.devices(cy, &["0000:6b:00.1", "0000:6b:00.2", "0000:6b:00.3"])
@@ -339,7 +326,7 @@ async fn a_kernel_uevent_wakes_the_scanner() {
         &["RESCAN_INTERVAL_MS: 600000"],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let cy = "qat.intel.com/cy";
     seen.health(cy, "0000:6b:00.1", "Healthy").await;
@@ -364,7 +351,7 @@ async fn allocate_renumbers_envs_per_container() {
         &["RESCAN_INTERVAL_MS: 600000"],
         true,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let cy = "qat.intel.com/cy";
     seen.devices(cy, &["0000:6b:00.1", "0000:6b:00.2", "0000:6b:00.3"])
@@ -448,13 +435,11 @@ async fn igb_uio_mounts_reach_the_container_when_allowed() {
     );
     f.char_dev("uio1", 239, 1);
     let component = guest("qat").display().to_string();
-    let config = write_config(
-        &f,
-        &format!(
+    let config = f.write_config(&format!(
             "scanners:\n  - name: qat\n    component: {component}\n    post-allocator: {component}\n    namespace: qat.intel.com\n    env: {{ DPDK_DRIVER: igb_uio, RESCAN_INTERVAL_MS: 600000 }}\n    policy: {{ allowed-mounts: [/sys/class/uio] }}\n"
         ),
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     seen.devices("qat.intel.com/cy", &["0000:6b:00.2"]).await;
     let r = kubelet

@@ -7,7 +7,7 @@ use tonic::Code;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use super::common::{ids, one_scanner_config, plugin_dir, scan, scan_once};
+use super::common::{ids, one_scanner_config, scan, scan_once};
 
 const FTDI: &str = "usb-FTDI_FT232R_USB_UART_A12345-if00-port0";
 const CP2102N: &str =
@@ -173,7 +173,7 @@ async fn serial_reenumeration_keeps_the_id_and_moves_the_node() {
         &["RESCAN_INTERVAL_MS: 600000"],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let resource = "serial.example.com/serial";
     let cp = cp2102n_id();

@@ -7,7 +7,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 use wdp_tests::{guest, json_lines, wdp_bin};
 
-use crate::common::{ids, one_scanner_config, plugin_dir, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The misc major, and the minors the kernel gave the SGX nodes.
 const MISC_MAJOR: u32 = 10;
@@ -32,19 +32,6 @@ fn slots(base: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{base}-{i}")).collect()
 }
 
-fn ids_of(pairs: &[(&str, Vec<String>)]) -> Vec<(String, Vec<String>)> {
-    let mut v: Vec<(String, Vec<String>)> = pairs
-        .iter()
-        .map(|(t, ids)| {
-            let mut ids = ids.clone();
-            ids.sort();
-            (t.to_string(), ids)
-        })
-        .collect();
-    v.sort();
-    v
-}
-
 #[test]
 fn enclave_and_provision_devices_as_configured() {
     let f = Fixture::new();
@@ -53,8 +40,8 @@ fn enclave_and_provision_devices_as_configured() {
     assert_eq!(
         ids(&tree),
         ids_of(&[
-            ("enclave", slots("sgx-enclave", 3)),
-            ("provision", slots("sgx-provision", 2))
+            ("enclave", &slots("sgx-enclave", 3)),
+            ("provision", &slots("sgx-provision", 2))
         ])
     );
     let mut dev = tree["enclave"]["sgx-enclave-2"].clone();
@@ -87,13 +74,16 @@ fn limits_default_to_110_or_pods_per_core_times_cpus_and_are_checked() {
     assert_eq!(
         ids(&tree),
         ids_of(&[
-            ("enclave", slots("sgx-enclave", 110)),
-            ("provision", slots("sgx-provision", 110))
+            ("enclave", &slots("sgx-enclave", 110)),
+            ("provision", &slots("sgx-provision", 110))
         ])
     );
     // Ten pods per core on four online CPUs; an explicit limit still wins, 0 drops the type.
     let tree = scan_once("sgx", &f, &["PODS_PER_CORE=10", "PROVISION_LIMIT=0"]);
-    assert_eq!(ids(&tree), ids_of(&[("enclave", slots("sgx-enclave", 40))]));
+    assert_eq!(
+        ids(&tree),
+        ids_of(&[("enclave", &slots("sgx-enclave", 40))])
+    );
 
     let bad: [(&[&str], &str); 4] = [
         (&["ENCLAVE_LIMIT=-1"], "ENCLAVE_LIMIT=\"-1\" is not valid"),
@@ -154,7 +144,7 @@ async fn allocate_and_a_vanished_node_turns_unhealthy() {
         ],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let (enclave, provision) = ("sgx.intel.com/enclave", "sgx.intel.com/provision");
     seen.devices(enclave, &["sgx-enclave-0", "sgx-enclave-1"])

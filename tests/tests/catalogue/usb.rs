@@ -8,7 +8,7 @@ use tonic::Code;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use super::common::{ids, one_scanner_config, plugin_dir, scan, scan_once};
+use super::common::{ids, one_scanner_config, scan, scan_once};
 
 /// The xHCI controller the fixture's USB tree hangs off.
 const XHCI: &str = "devices/pci0000:00/0000:00:14.0";
@@ -245,7 +245,7 @@ async fn usb_replug_keeps_the_id_and_allocates_the_new_node() {
         ],
         false,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let resource = "usb.example.com/usb";
     let ftdi = "0403-6001-A12345";

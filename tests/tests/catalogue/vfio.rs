@@ -6,7 +6,7 @@ use serde_json::json;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::serve;
 
-use crate::common::{ids, one_scanner_config, plugin_dir, scan, scan_once};
+use super::common::{ids, ids_of, one_scanner_config, scan, scan_once};
 
 /// The dynamic major the kernel gave "vfio" group nodes (`/proc/devices`).
 const VFIO_MAJOR: u32 = 243;
@@ -35,13 +35,6 @@ pub(crate) fn machine(f: &Fixture) {
             f.char_dev(&format!("vfio/{group}"), VFIO_MAJOR, group);
         }
     }
-}
-
-fn ids_of(pairs: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
-    pairs
-        .iter()
-        .map(|(t, ids)| (t.to_string(), ids.iter().map(|s| s.to_string()).collect()))
-        .collect()
 }
 
 #[test]
@@ -99,7 +92,7 @@ fn options_choose_ids_and_type_and_are_checked() {
         json!({"VFIO_BDF3": "0000:74:01.0"})
     );
     let tree = scan_once("vfio", &f, &["VFIO_DEVICE_IDS=0x1212"]);
-    assert_eq!(ids(&tree), ids_of(&[]));
+    assert_eq!(ids(&tree), ids_of::<&str>(&[]));
 
     let bad: [(&[&str], &str); 3] = [
         (&[], "VFIO_DEVICE_IDS is not set"),
@@ -134,7 +127,7 @@ async fn unbound_function_turns_unhealthy_and_recovers() {
         ],
         true,
     );
-    let plugins = plugin_dir(&f);
+    let plugins = f.plugin_dir();
     let (kubelet, mut seen, host) = serve(&f, &config, &plugins);
     let res = "dsa.intel.com/vfio";
     seen.devices(res, &["0000:6a:01.0", "0000:74:01.0"]).await;
