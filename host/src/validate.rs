@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
+use rustc_hash::FxHashMap;
 
 use crate::bindings::types as wit;
 use crate::hostfs::DevFs;
@@ -154,8 +155,10 @@ struct NodeMemo {
     /// Watched directories (guest paths) by watch; `watched` the other way. `None` in `watched`:
     /// the directory could not be watched for this tree (it is tried again on the next).
     dirs: HashMap<WatchDescriptor, String>,
-    watched: HashMap<String, Option<WatchDescriptor>>,
-    nodes: HashMap<String, Known>,
+    watched: FxHashMap<String, Option<WatchDescriptor>>,
+    /// By guest path; Fx rather than SipHash: a 10,000-node tree asks a few lookups per node,
+    /// and the paths are the guest's own (a guest that collides them slows only itself).
+    nodes: FxHashMap<String, Known>,
 }
 
 /// What is known of one node.
@@ -189,8 +192,8 @@ impl NodeMemo {
             inotify,
             root,
             dirs: HashMap::new(),
-            watched: HashMap::new(),
-            nodes: HashMap::new(),
+            watched: FxHashMap::default(),
+            nodes: FxHashMap::default(),
         };
         // A root that cannot be watched (a snapshot's table, no inotify): no memo at all.
         memo.watch_dir("/dev")?;
