@@ -7,7 +7,7 @@
 //! per resource in that directory, in step with the tree: written before kubelet can see a new
 //! or changed device, removed when the device type goes away. Files are written to a temporary
 //! name and renamed, so a runtime never reads half a spec. Specs outlive the process: stopping
-//! or crashing removes none, and the next start takes them over ([`ownership`]).
+//! or crashing removes none, and the next start takes them over (`ownership.rs`).
 //!
 //! Kind `<namespace>/<dev-type>` (one kind per resource, e.g. `gpu.intel.com/i915`), one CDI
 //! device per device id (`gpu.intel.com/i915=card0-0`). Each spec declares the lowest CDI version

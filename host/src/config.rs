@@ -11,6 +11,13 @@
 //!     policy: { allowed-mounts: [/run/udev] } # optional; see `crate::policy::Policy`
 //!     verify-key: cosign.pub             # optional: oci:// components must carry a signature
 //!     cdi: { dir: /var/run/cdi, format: json } # optional: write CDI specs, return CDI names
+//!     frontend: device-plugin            # or dra: serve through kubelet's DRA API instead
+//!     dra: { driver: devices.example.com } # with frontend: dra; the driver defaults to the namespace
+//! node:                                  # optional; read only when a scanner has frontend: dra
+//!   name: worker-1                       # default: the NODE_NAME environment variable
+//!   plugins-dir: /var/lib/kubelet/plugins
+//!   plugins-registry-dir: /var/lib/kubelet/plugins_registry
+//!   api-server: in-cluster               # or http://HOST:PORT (a local proxy, the tests)
 //! oci:                                   # optional; for oci://registry/repo[:tag][@digest]
 //!   cache-dir: /var/lib/wdp/oci
 //!   insecure-registries: [127.0.0.1:5000]
@@ -85,7 +92,40 @@ pub struct ScannerConfig {
     pub policy: Policy,
     /// Write CDI spec files for its devices (see [`crate::cdi`]); None: no CDI.
     pub cdi: Option<CdiConfig>,
+    /// Served through kubelet's DRA API rather than device-plugin servers, when set.
+    pub dra: Option<DraConfig>,
 }
+
+/// How a scanner with `frontend: dra` is served: its driver and the node's kubelet and API
+/// server. The node settings are copied into every DRA scanner so that changing them restarts
+/// exactly the scanners they concern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraConfig {
+    /// The DRA driver name (a DNS subdomain): the ResourceSlices' driver and the socket names.
+    pub driver: String,
+    /// The node the devices are on (`spec.nodeName` of the slices).
+    pub node_name: String,
+    /// kubelet's plugins directory: the DRA socket is `<plugins>/<driver>/dra.sock`.
+    pub plugins_dir: PathBuf,
+    /// kubelet's plugin registry: the registration socket is `<dir>/<driver>-reg.sock`.
+    pub plugins_registry_dir: PathBuf,
+    /// Where the ResourceSlices and ResourceClaims are.
+    pub api_server: ApiServer,
+}
+
+/// How the API server is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiServer {
+    /// The pod's service account and `KUBERNETES_SERVICE_HOST`/`PORT`.
+    InCluster,
+    /// Plain HTTP without credentials: a local `kubectl proxy`, or a test API server.
+    Http(std::net::SocketAddr),
+}
+
+/// kubelet's default plugins directory (DRA sockets).
+pub const DEFAULT_KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// kubelet's default plugin registry directory (the plugin watcher's).
+pub const DEFAULT_KUBELET_PLUGINS_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 
 /// A configuration that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +164,23 @@ struct RawConfig {
     scanners: Vec<RawScanner>,
     #[serde(default)]
     oci: RawOci,
+    #[serde(default)]
+    node: RawNode,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawNode {
+    name: Option<String>,
+    plugins_dir: Option<PathBuf>,
+    plugins_registry_dir: Option<PathBuf>,
+    api_server: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDra {
+    driver: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -151,6 +208,8 @@ struct RawScanner {
     #[serde(default)]
     policy: RawPolicy,
     cdi: Option<RawCdi>,
+    frontend: Option<String>,
+    dra: Option<RawDra>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,6 +286,8 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
         ));
     }
     let raw_require_digest = raw.oci.require_digest;
+    let node = raw.node;
+    let mut drivers: BTreeMap<String, usize> = BTreeMap::new();
     let mut names = HashSet::new();
     let mut scanners = Vec::with_capacity(raw.scanners.len());
     for (i, s) in raw.scanners.into_iter().enumerate() {
@@ -373,6 +434,62 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                 })
             }
         };
+        let dra = match s.frontend.as_deref() {
+            None | Some("device-plugin") => {
+                if s.dra.is_some() {
+                    return Err(invalid(
+                        key("dra"),
+                        "is only read with frontend: dra; remove it or set frontend: dra".into(),
+                    ));
+                }
+                None
+            }
+            Some("dra") => {
+                // A prepared claim hands the runtime CDI names only: without specs there is
+                // nothing to give a container.
+                if cdi.is_none() {
+                    return Err(invalid(
+                        key("cdi"),
+                        "is required with frontend: dra (a prepared claim names CDI devices only); add cdi: {}".into(),
+                    ));
+                }
+                // Its hooks answer Allocate, GetPreferredAllocation and PreStartContainer, which
+                // DRA does not call: it would be loaded and never run.
+                if post_allocator.is_some() {
+                    return Err(invalid(
+                        key("post-allocator"),
+                        "is never called with frontend: dra (DRA has no Allocate, preferred allocation or pre-start call); remove it".into(),
+                    ));
+                }
+                let driver = s
+                    .dra
+                    .and_then(|d| d.driver)
+                    .unwrap_or_else(|| s.namespace.clone());
+                if !names::is_dns1123_subdomain(&driver) {
+                    return Err(invalid(
+                        key("dra.driver"),
+                        format!(
+                            "{driver:?} is not a DRA driver name: use a DNS subdomain of at most 253 characters (a-z, 0-9, '-', '.')"
+                        ),
+                    ));
+                }
+                if let Some(other) = drivers.insert(driver.clone(), i) {
+                    return Err(invalid(
+                        key("dra.driver"),
+                        format!(
+                            "{driver:?} is the driver of scanners[{other}] too; a driver has one pool per node, give one of them dra: {{ driver: ... }}"
+                        ),
+                    ));
+                }
+                Some(dra_node(&node, driver, &invalid)?)
+            }
+            Some(other) => {
+                return Err(invalid(
+                    key("frontend"),
+                    format!("{other:?} is not a front-end: use device-plugin or dra"),
+                ));
+            }
+        };
         scanners.push(ScannerConfig {
             name: s.name,
             component,
@@ -383,7 +500,25 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             limits,
             policy,
             cdi,
+            dra,
         });
+    }
+    // kubelet and the scheduler hand an extended resource to DRA only where no device plugin
+    // advertises it: one provider per node. A namespace is where resource names come from, so
+    // one namespace is served through one front-end.
+    for (i, s) in scanners.iter().enumerate() {
+        if let Some(j) = scanners[..i]
+            .iter()
+            .position(|o| o.namespace == s.namespace && o.dra.is_some() != s.dra.is_some())
+        {
+            return Err(invalid(
+                format!("scanners[{i}].frontend"),
+                format!(
+                    "namespace {:?} is served through the device-plugin front-end by one of scanners[{j}] and scanners[{i}] and through dra by the other; a <namespace>/<dev-type> has one provider per node (kubelet and the scheduler route an extended resource to DRA only where no device plugin advertises it): give one of them another namespace",
+                    s.namespace
+                ),
+            ));
+        }
     }
     let oci = OciConfig {
         cache_dir: raw
@@ -458,6 +593,8 @@ impl ScannerIdentity {
         check(a.limits != b.limits, "limits");
         check(a.policy != b.policy, "policy");
         check(a.cdi != b.cdi, "cdi");
+        check(a.dra.is_some() != b.dra.is_some(), "frontend");
+        check(a.dra.is_some() && b.dra.is_some() && a.dra != b.dra, "dra");
         check(self.oci != new.oci, "oci");
         keys
     }
@@ -537,6 +674,67 @@ impl std::fmt::Display for ConfigDiff {
     }
 }
 
+/// The node settings of a DRA scanner with driver `driver`, defaults filled in.
+fn dra_node(
+    node: &RawNode,
+    driver: String,
+    invalid: &impl Fn(String, String) -> ConfigError,
+) -> Result<DraConfig, ConfigError> {
+    let node_name = match &node.name {
+        Some(name) => name.clone(),
+        None => std::env::var("NODE_NAME").map_err(|_| {
+            invalid(
+                "node.name".into(),
+                "is needed by frontend: dra (the slices' nodeName): set it, or the NODE_NAME environment variable (the downward API's spec.nodeName)".into(),
+            )
+        })?,
+    };
+    if !names::is_dns1123_subdomain(&node_name) {
+        return Err(invalid(
+            "node.name".into(),
+            format!("{node_name:?} is not a node name: use a DNS subdomain (a-z, 0-9, '-', '.')"),
+        ));
+    }
+    let dir = |key: &str, value: &Option<PathBuf>, default: &str| match value {
+        Some(p) if !p.is_absolute() => Err(invalid(
+            key.into(),
+            format!("{}: must be an absolute path (kubelet's own)", p.display()),
+        )),
+        Some(p) => Ok(p.clone()),
+        None => Ok(PathBuf::from(default)),
+    };
+    let api_server = match node.api_server.as_deref() {
+        None | Some("in-cluster") => ApiServer::InCluster,
+        Some(url) => match url
+            .strip_prefix("http://")
+            .map(|a| a.trim_end_matches('/').parse())
+        {
+            Some(Ok(addr)) => ApiServer::Http(addr),
+            _ => {
+                return Err(invalid(
+                    "node.api-server".into(),
+                    format!("{url:?}: use in-cluster or http://IP:PORT"),
+                ));
+            }
+        },
+    };
+    Ok(DraConfig {
+        driver,
+        node_name,
+        plugins_dir: dir(
+            "node.plugins-dir",
+            &node.plugins_dir,
+            DEFAULT_KUBELET_PLUGINS_DIR,
+        )?,
+        plugins_registry_dir: dir(
+            "node.plugins-registry-dir",
+            &node.plugins_registry_dir,
+            DEFAULT_KUBELET_PLUGINS_REGISTRY_DIR,
+        )?,
+        api_server,
+    })
+}
+
 fn resolve(base: &Path, p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -593,11 +791,13 @@ mod tests {
 
         let mut code: BTreeSet<String> = BTreeSet::from(["scanners".to_string()]);
         code.extend(fields::<RawOci>().iter().map(|f| format!("oci.{f}")));
+        code.extend(fields::<RawNode>().iter().map(|f| format!("node.{f}")));
         for f in fields::<RawScanner>() {
             match f.as_str() {
                 "limits" => code.extend(fields::<RawLimits>().iter().map(|g| format!("{f}.{g}"))),
                 "policy" => code.extend(fields::<RawPolicy>().iter().map(|g| format!("{f}.{g}"))),
                 "cdi" => code.extend(fields::<RawCdi>().iter().map(|g| format!("{f}.{g}"))),
+                "dra" => code.extend(fields::<RawDra>().iter().map(|g| format!("{f}.{g}"))),
                 _ => {
                     code.insert(f);
                 }
@@ -605,7 +805,7 @@ mod tests {
         }
         assert_eq!(
             fields::<RawConfig>(),
-            ["scanners", "oci"],
+            ["scanners", "oci", "node"],
             "a new top-level key: teach this test its place"
         );
 
@@ -684,6 +884,106 @@ mod tests {
         let b = c.scanners[1].cdi.as_ref().unwrap();
         assert!(b.dir.is_absolute() && b.dir.ends_with("specs"));
         assert_eq!(b.format, CdiFormat::Yaml);
+    }
+
+    const NODE: &str = "node: { name: node-1, api-server: 'http://127.0.0.1:6443' }\n";
+
+    #[test]
+    fn dra_defaults_and_node_settings() {
+        let c = with_files(&format!(
+            "scanners:\n  - {{name: a, component: kvm.wasm, namespace: x.io, cdi: {{}}, frontend: dra}}\n  - {{name: b, component: kvm.wasm, namespace: y.io, cdi: {{}}, frontend: dra, dra: {{driver: gpu.y.io}}}}\n  - {{name: c, component: kvm.wasm, namespace: z.io, frontend: device-plugin}}\n{NODE}"
+        ))
+        .unwrap();
+        let a = c.scanners[0].dra.as_ref().expect("frontend: dra");
+        assert_eq!(a.driver, "x.io", "the driver defaults to the namespace");
+        assert_eq!(a.node_name, "node-1");
+        assert_eq!(a.plugins_dir, Path::new(DEFAULT_KUBELET_PLUGINS_DIR));
+        assert_eq!(
+            a.plugins_registry_dir,
+            Path::new(DEFAULT_KUBELET_PLUGINS_REGISTRY_DIR)
+        );
+        assert_eq!(
+            a.api_server,
+            ApiServer::Http("127.0.0.1:6443".parse().unwrap())
+        );
+        assert_eq!(c.scanners[1].dra.as_ref().unwrap().driver, "gpu.y.io");
+        assert_eq!(c.scanners[2].dra, None);
+
+        // Moving a scanner between front-ends, or to another driver, restarts it.
+        let old = ScannerIdentity::new(c.scanners[2].clone(), &c.oci, None, None);
+        let mut moved = c.scanners[2].clone();
+        moved.dra = c.scanners[0].dra.clone();
+        let new = ScannerIdentity::new(moved, &c.oci, None, None);
+        assert_eq!(old.changes(&new), ["frontend"]);
+        let mut renamed = c.scanners[0].clone();
+        renamed.dra.as_mut().unwrap().driver = "other.x.io".into();
+        let a = ScannerIdentity::new(c.scanners[0].clone(), &c.oci, None, None);
+        let b = ScannerIdentity::new(renamed, &c.oci, None, None);
+        assert_eq!(a.changes(&b), ["dra"]);
+    }
+
+    #[test]
+    fn dra_refusals_name_the_key_the_value_and_the_rule() {
+        let cases = [
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, frontend: grpc}",
+                "scanners[0].frontend: \"grpc\" is not a front-end: use device-plugin or dra",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, frontend: dra}",
+                "scanners[0].cdi: is required with frontend: dra",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, cdi: {}, frontend: dra, post-allocator: hook.wasm}",
+                "scanners[0].post-allocator: is never called with frontend: dra",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, dra: {driver: x.io}}",
+                "scanners[0].dra: is only read with frontend: dra",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, cdi: {}, frontend: dra, dra: {driver: Bad_Driver}}",
+                "scanners[0].dra.driver: \"Bad_Driver\" is not a DRA driver name",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io, cdi: {}, frontend: dra}\n  - {name: b, component: kvm.wasm, namespace: y.io, cdi: {}, frontend: dra, dra: {driver: x.io}}",
+                "scanners[1].dra.driver: \"x.io\" is the driver of scanners[0] too",
+            ),
+            (
+                "scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io}\n  - {name: b, component: kvm.wasm, namespace: x.io, cdi: {}, frontend: dra, dra: {driver: b.x.io}}",
+                "scanners[1].frontend: namespace \"x.io\" is served through the device-plugin front-end by one of scanners[0] and scanners[1] and through dra by the other; a <namespace>/<dev-type> has one provider per node",
+            ),
+        ];
+        for (yaml, want) in cases {
+            let e = with_files(&format!("{yaml}\n{NODE}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{yaml}\n  gave {e}\n  want {want}");
+        }
+        let node_cases = [
+            (
+                "node: { name: Node_1 }",
+                "node.name: \"Node_1\" is not a node name",
+            ),
+            (
+                "node: { name: n, plugins-dir: plugins }",
+                "node.plugins-dir: plugins: must be an absolute path",
+            ),
+            (
+                "node: { name: n, api-server: 'https://k8s:6443' }",
+                "node.api-server: \"https://k8s:6443\": use in-cluster or http://IP:PORT",
+            ),
+        ];
+        for (node, want) in node_cases {
+            let yaml = format!(
+                "scanners:\n  - {{name: a, component: kvm.wasm, namespace: x.io, cdi: {{}}, frontend: dra}}\n{node}\n"
+            );
+            let e = with_files(&yaml).unwrap_err().to_string();
+            assert!(e.contains(want), "{yaml}\n  gave {e}\n  want {want}");
+        }
+        // The node settings concern DRA scanners only.
+        with_files("scanners:\n  - {name: a, component: kvm.wasm, namespace: x.io}\nnode: { name: Node_1 }\n")
+            .expect("no DRA scanner: node settings unread");
     }
 
     #[test]

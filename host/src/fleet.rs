@@ -163,6 +163,9 @@ impl Fleet {
         if let Some(cdi) = identity.config.cdi.clone() {
             manager = manager.with_cdi(cdi, self.cdi.clone());
         }
+        if let Some(dra) = identity.config.dra.clone() {
+            manager = manager.with_dra(dra, self.sandbox.roots().clone());
+        }
         // The manager removes the scanner from `obs` once its servers are stopped.
         manager = manager.with_status(status);
         let manager = tokio::spawn(manager.run(rx));

@@ -10,7 +10,9 @@
 //!    [`tree`] rules and fills in [`topology`];
 //! 3. a [`manager`] per scanner diffs the trees, writes [`cdi`] specs and runs one [`server`] per
 //!    resource, answering Allocate with [`allocate`], [`preferred`] and guest [`hooks`];
-//! 4. the servers register with kubelet through `wdp_kubelet`.
+//! 4. the servers register with kubelet through `wdp_kubelet`; a scanner configured with
+//!    `frontend: dra` is served instead by the [`dra`] front-end (ResourceSlices and kubelet's
+//!    DRA API, through `wdp_dra`), fed by its manager the same way.
 //!
 //! Every stage speaks the WIT types of [`bindings`]; [`fleet`], [`status`], [`http`] and [`cli`]
 //! sit on top.
@@ -23,6 +25,7 @@ pub mod cdi;
 pub mod cdi_version;
 pub mod cli;
 pub mod config;
+pub mod dra;
 pub mod fleet;
 #[cfg(test)]
 mod fuzz;

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
+use crate::config::DraConfig;
+use crate::dra::DraDriver;
 use crate::hooks::Hooks;
+use crate::sandbox::Roots;
 use crate::scanner::ScannerEvent;
 use crate::server::{PluginSockets, ResourceServer};
 use crate::status::ScannerHandle;
@@ -105,6 +108,18 @@ pub struct Manager {
     servers: BTreeMap<String, ResourceServer>,
     /// Where `/status`, `/readyz` and `/metrics` learn what this scanner serves.
     status: ScannerHandle,
+    /// Served through DRA instead of device-plugin servers: the config until [`Manager::run`]
+    /// starts the driver, then the driver.
+    dra: Dra,
+}
+
+/// A manager's DRA front-end, if it has one.
+enum Dra {
+    None,
+    Configured(DraConfig, Roots),
+    Running(DraDriver),
+    /// Configured, but it could not start (logged and on /readyz): nothing is served.
+    Failed,
 }
 
 impl Manager {
@@ -126,7 +141,16 @@ impl Manager {
             cdi: None,
             current: BTreeMap::new(),
             servers: BTreeMap::new(),
+            dra: Dra::None,
         }
+    }
+
+    /// Serves this scanner's trees through the DRA driver of `config` instead of device-plugin
+    /// servers; it needs [`Manager::with_cdi`] too (the config refuses DRA without CDI). The
+    /// PCI placement of device nodes is read below `roots`, the ones the guest sees.
+    pub fn with_dra(mut self, config: DraConfig, roots: Roots) -> Self {
+        self.dra = Dra::Configured(config, roots);
+        self
     }
 
     /// Keeps CDI spec files for this scanner's resources and serves their CDI names; the
@@ -151,6 +175,16 @@ impl Manager {
     /// Applies events until the scanner's channel closes, then stops every server and removes
     /// the scanner from the shared status.
     pub async fn run(mut self, mut events: mpsc::Receiver<ScannerEvent>) {
+        if let Dra::Configured(config, roots) = &self.dra {
+            self.dra = match DraDriver::start(config, roots, self.status.clone()) {
+                Ok(driver) => Dra::Running(driver),
+                Err(e) => {
+                    tracing::error!(scanner = &*self.scanner, error = %e, "not served");
+                    self.status.dra_not_ready(Some(e.to_string()));
+                    Dra::Failed
+                }
+            };
+        }
         while let Some(event) = events.recv().await {
             self.status.event(&event);
             match event {
@@ -204,6 +238,14 @@ impl Manager {
             None => tree,
         };
         let d = diff(&self.current, &tree);
+        // A DRA scanner has no device-plugin servers, whether its driver runs or not.
+        if !matches!(self.dra, Dra::None) {
+            if let Dra::Running(driver) = &self.dra {
+                driver.update(&tree);
+            }
+            self.current = tree.0.into_iter().map(|(t, g)| (t, Arc::new(g))).collect();
+            return d;
+        }
         for dev_type in &d.removed {
             self.current.remove(dev_type);
             if let Some(server) = self.servers.remove(dev_type) {
@@ -277,6 +319,9 @@ impl Manager {
         // no wdp runs. The host-wide ownership removes them if nothing configured serves them.
         if let Some(cdi) = &mut self.cdi {
             cdi.leave();
+        }
+        if let Dra::Running(driver) = std::mem::replace(&mut self.dra, Dra::None) {
+            driver.stop().await;
         }
         self.current.clear();
     }

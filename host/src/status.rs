@@ -96,6 +96,9 @@ struct ScannerEntry {
     /// Resources of the last tree that could not be served, with why (a name clash, a socket
     /// path too long).
     unserved: BTreeMap<String, String>,
+    /// Why its DRA driver is not usable by kubelet (not registered, refused); None when it is
+    /// or the scanner is served through device plugins.
+    dra_not_ready: Option<String>,
     metrics: Arc<ScannerMetrics>,
 }
 
@@ -223,6 +226,7 @@ impl Observability {
                 accepted: false,
                 last_error: None,
                 unserved: BTreeMap::new(),
+                dra_not_ready: None,
                 metrics: metrics.clone(),
             },
         );
@@ -263,6 +267,9 @@ impl Observability {
             }
             for (resource, error) in &s.unserved {
                 reasons.push(format!("resource {resource}: not served: {error}"));
+            }
+            if let Some(reason) = &s.dra_not_ready {
+                reasons.push(format!("scanner {name}: {reason}"));
             }
         }
         for (name, r) in &state.resources {
@@ -431,6 +438,12 @@ impl ScannerHandle {
         self.update(|s| s.unserved = resources);
     }
 
+    /// Its DRA driver is usable by kubelet (`None`) or not, with why: what `/readyz` reports
+    /// for a scanner served through DRA.
+    pub fn dra_not_ready(&self, reason: Option<String>) {
+        self.update(|s| s.dra_not_ready = reason);
+    }
+
     /// Stops tracking this scanner: its entry, its resources and their metric series. Does
     /// nothing to a newer scanner of the same name; doing it twice is harmless.
     pub fn remove(&self) {
@@ -533,6 +546,27 @@ mod tests {
             .map(|i| device(i, Health::Healthy))
             .chain((healthy..healthy + unhealthy).map(|i| device(i, Health::Unhealthy)))
             .collect()
+    }
+
+    #[test]
+    fn a_dra_driver_kubelet_has_not_registered_keeps_the_host_not_ready() {
+        let obs = Observability::new();
+        let kvm = obs.add_scanner("kvm", Arc::default());
+        obs.loaded();
+        kvm.event(&ScannerEvent::Tree(Arc::default()));
+        assert_eq!(obs.readiness(), Ok(()));
+        kvm.dra_not_ready(Some(
+            "DRA driver x.io: kubelet refused the registration: no".into(),
+        ));
+        assert_eq!(
+            obs.readiness().unwrap_err(),
+            ["scanner kvm: DRA driver x.io: kubelet refused the registration: no"]
+        );
+        kvm.dra_not_ready(None);
+        assert_eq!(obs.readiness(), Ok(()));
+        kvm.dra_not_ready(Some("pending".into()));
+        kvm.remove();
+        assert_eq!(obs.readiness(), Ok(()), "gone with its scanner");
     }
 
     #[test]

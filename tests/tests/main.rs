@@ -19,6 +19,7 @@ mod authoring;
 mod catalogue;
 mod cdi_podman;
 mod deploy;
+mod dra;
 mod faults;
 mod image;
 mod kubelet;

@@ -18,7 +18,9 @@
 //! The API server is reached through two traits, [`apiserver::ClaimSource`] and
 //! [`apiserver::SliceStore`], both implemented by [`apiserver::client::ApiClient`] (in-cluster
 //! configuration); [`apiserver::standin::ApiServerStandIn`] is a test API server that keeps the
-//! real one's rules for these calls, so tests run the real client over real HTTP.
+//! real one's rules for these calls, so tests run the real client over real HTTP;
+//! [`kubelet::KubeletStandIn`] is kubelet's side (plugin watcher, registration, Prepare and
+//! Unprepare) over the real sockets.
 //!
 //! # Putting it together
 //!
@@ -55,16 +57,15 @@
 //!
 //! # Not here yet
 //!
-//! Nothing in `wdp run` uses this crate yet: the host has to build the [`seam::Inventory`] from
-//! its trees (with its NUMA and PCI derivations and the CDI specs it writes), start the pieces
-//! above for scanners configured with a DRA front-end, and report [`registration::RegistrationState`]
-//! on /readyz. Typed attributes and capacities from guests need a new minor version of the WIT
+//! `wdp run` (its `dra` module) builds the [`seam::Inventory`] from its trees and starts the
+//! pieces above for scanners configured with `frontend: dra`. Typed attributes and capacities from guests need a new minor version of the WIT
 //! contract; until then [`seam::Device::attributes`] and [`seam::Device::capacity`] are whatever
 //! the host fills in. The slice publisher re-lists on a timer rather than watching.
 #![warn(missing_docs)]
 
 pub mod apiserver;
 pub mod checkpoint;
+pub mod kubelet;
 pub mod names;
 pub mod plugin;
 pub mod proto;

@@ -15,7 +15,7 @@ pub struct RegisterRequest {
     /// Bare socket file name, relative to kubelet's device-plugin directory.
     #[prost(string, tag = "2")]
     pub endpoint: ::prost::alloc::string::String,
-    /// "<namespace>/<dev-type>", a Kubernetes extended resource name.
+    /// `<namespace>/<dev-type>`, a Kubernetes extended resource name.
     #[prost(string, tag = "3")]
     pub resource_name: ::prost::alloc::string::String,
     #[prost(message, optional, tag = "4")]

@@ -28,8 +28,11 @@ use wdp_kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 ///
 /// Each dev-type a scanner reports becomes the resource <namespace>/<dev-type>, served on
 /// <plugin-dir>/<namespace>-<dev-type>.sock and registered with kubelet; re-registered whenever
-/// kubelet restarts. A failing scanner is restarted with backoff while its last good devices stay
-/// served. SIGTERM or SIGINT stops everything and removes the sockets.
+/// kubelet restarts. A scanner configured with `frontend: dra` is served instead through kubelet's
+/// DRA API (<plugins>/<driver>/dra.sock, registered through <plugins_registry>/<driver>-reg.sock)
+/// and ResourceSlices; the config's `node:` section says where. A failing scanner is restarted
+/// with backoff while its last good devices stay served. SIGTERM or SIGINT stops everything and
+/// removes the sockets.
 ///
 /// The config file is checked completely (and every component compiled) before anything starts.
 /// It is reloaded when it changes (its directory is watched: editors' renames and ConfigMap

@@ -1,0 +1,512 @@
+//! `frontend: dra`: the real `wdp run` serving a bundled scanner (kvm, over a fixture /dev)
+//! through kubelet's DRA API, against the test API server (`wdp_dra::apiserver::standin`) and
+//! the DRA kubelet stand-in (`wdp_dra::kubelet`), beside a scanner of the same config still
+//! served through the device-plugin API to the device-plugin kubelet stand-in.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use wdp_dra::apiserver::standin::{ApiServerStandIn, validate};
+use wdp_dra::kubelet::KubeletStandIn;
+use wdp_dra::plugin::ClaimRef;
+use wdp_dra::proto::dra_v1;
+use wdp_dra::proto::health_v1::HealthStatus;
+use wdp_tests::fixture::Fixture;
+use wdp_tests::host::{Host, Seen};
+use wdp_tests::http::http_get;
+use wdp_tests::{eventually, guest};
+
+const DRIVER: &str = "devices.example.com";
+const NODE: &str = "node-1";
+
+/// kubelet's two directories for DRA drivers, in the fixture.
+struct KubeletDirs {
+    plugins: PathBuf,
+    registry: PathBuf,
+}
+
+impl KubeletDirs {
+    fn new(f: &Fixture) -> Self {
+        let dirs = KubeletDirs {
+            plugins: f.path().join("kubelet/plugins"),
+            registry: f.path().join("kubelet/plugins_registry"),
+        };
+        std::fs::create_dir_all(&dirs.plugins).unwrap();
+        std::fs::create_dir_all(&dirs.registry).unwrap();
+        dirs
+    }
+}
+
+/// `kvm` (two slots) through DRA with CDI specs in `<fixture>/cdi`, and `net`, the same guest
+/// under another namespace, through the device-plugin API.
+fn config(f: &Fixture, dirs: &KubeletDirs, api: &ApiServerStandIn) -> PathBuf {
+    f.write_config(&format!(
+        "scanners:
+  - name: kvm
+    component: {guest}
+    namespace: {DRIVER}
+    env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 200 }}
+    cdi: {{ dir: {cdi} }}
+    frontend: dra
+  - name: net
+    component: {guest}
+    namespace: net.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+node:
+  name: {NODE}
+  plugins-dir: {plugins}
+  plugins-registry-dir: {registry}
+  api-server: http://{addr}
+",
+        guest = guest("kvm").display(),
+        cdi = f.path().join("cdi").display(),
+        plugins = dirs.plugins.display(),
+        registry = dirs.registry.display(),
+        addr = api.addr(),
+    ))
+}
+
+/// The (pool, device) names of the driver's slices on the node, sorted; every slice valid by
+/// the API server's rules.
+fn published(api: &ApiServerStandIn) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for slice in api.slices() {
+        assert_eq!(validate(&slice), Vec::<String>::new(), "{slice:?}");
+        if slice.spec.driver != DRIVER || slice.spec.node_name.as_deref() != Some(NODE) {
+            continue;
+        }
+        for d in slice.spec.devices.unwrap_or_default() {
+            out.push((slice.spec.pool.name.clone(), d.name));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The string attribute `key` of device `device` in the driver's slices.
+fn attribute(api: &ApiServerStandIn, device: &str, key: &str) -> Option<String> {
+    api.slices()
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .find(|d| d.name == device)?
+        .attributes?
+        .get(key)?
+        .string
+        .clone()
+}
+
+async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
+    let want: Vec<(String, String)> = devices
+        .iter()
+        .map(|d| (NODE.to_string(), d.to_string()))
+        .collect();
+    eventually(&format!("slices with {devices:?}"), || async {
+        (published(api) == want).then_some(())
+    })
+    .await;
+}
+
+/// A claim as the scheduler leaves it: `request` allocated `device` of this driver's pool.
+fn allocated(name: &str, request: &str, device: &str) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![DeviceRequestAllocationResult {
+                        driver: DRIVER.into(),
+                        pool: NODE.into(),
+                        device: device.into(),
+                        request: request.into(),
+                        ..Default::default()
+                    }]),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
+    ClaimRef {
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        uid: claim.metadata.uid.clone().unwrap_or_default(),
+        name: claim.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// The containerEdits of CDI device `name` (`kind=device`) in the spec files of `dir`.
+fn resolve_cdi(dir: &Path, name: &str) -> Option<serde_json::Value> {
+    let (kind, device) = name.split_once('=')?;
+    std::fs::read_dir(dir).ok()?.find_map(|entry| {
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(entry.ok()?.path()).ok()?).ok()?;
+        if spec["kind"] != kind {
+            return None;
+        }
+        let devices = spec["devices"].as_array()?;
+        let d = devices.iter().find(|d| d["name"] == device)?;
+        Some(d["containerEdits"].clone())
+    })
+}
+
+/// The whole life of a DRA scanner: registered through the plugin watcher, its devices
+/// published as valid slices, a claim prepared with the CDI ids Allocate gives the same device
+/// (the spec on disk resolves them), the same answer twice and across a wdp restart, an unknown
+/// claim unprepared, a hot-plugged device published, slices back after a kubelet restart wiped
+/// them, sockets gone and CDI specs and checkpoint kept at SIGTERM; the device-plugin scanner of
+/// the same config served as before throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    f.char_dev("net/tun", 10, 200);
+    // /dev/kvm's sysfs device sits below a PCI function: its placement reaches the slices.
+    let function = f.pci_device("0000:00:1f.0", &[]);
+    f.sys_dir(&format!("{function}/misc/kvm"));
+    f.sys_dir("dev/char");
+    f.sys_link("dev/char/10:232", &format!("../../{function}/misc/kvm"));
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let plugins = f.plugin_dir();
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    let started = Instant::now();
+    let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
+
+    let registered = kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("the driver registers through the plugin watcher");
+    assert_eq!(registered.version, "v1.DRAPlugin", "the newest service");
+    assert_eq!(
+        registered.endpoint,
+        dirs.plugins.join(DRIVER).join("dra.sock")
+    );
+    assert!(dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
+    until_published(&api, &["kvm-0", "kvm-1", "tun-0", "tun-1"]).await;
+    let published_after = started.elapsed();
+    let pci = |device: &str| {
+        (
+            attribute(&api, device, "resource.kubernetes.io/pciBusID"),
+            attribute(&api, device, "resource.kubernetes.io/pcieRoot"),
+        )
+    };
+    assert_eq!(
+        pci("kvm-1"),
+        (Some("0000:00:1f.0".into()), Some("pci0000:00".into()))
+    );
+    assert_eq!(pci("tun-0"), (None, None), "no sysfs device: no placement");
+    assert_eq!(
+        attribute(&api, "kvm-1", "id").as_deref(),
+        Some("kvm-1"),
+        "the raw id"
+    );
+
+    // The device-plugin scanner: its resources on kubelet's device-plugin socket, none of the
+    // DRA scanner's there.
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    seen.devices("net.example.com/tun", &["tun-0"]).await;
+    assert!(!seen.listed(&format!("{DRIVER}/kvm")));
+    let admitted = dp_kubelet
+        .admit("pod-dp", "app", "net.example.com/tun", 1)
+        .await
+        .expect("Allocate through the device-plugin front-end");
+    assert_eq!(admitted.devices[0].host_path, "/dev/net/tun");
+
+    // A claim allocated kvm-1: prepared with the CDI name Allocate would give kvm-1.
+    let claim = api.insert_claim(allocated("vm", "kvm", "kvm-1"));
+    let want = vec![dra_v1::Device {
+        request_names: vec!["kvm".into()],
+        pool_name: NODE.into(),
+        device_name: "kvm-1".into(),
+        cdi_device_ids: vec![format!("{DRIVER}/kvm=kvm-1")],
+    }];
+    let first = Instant::now();
+    let answer = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
+    let first = first.elapsed();
+    let entry = &answer[claim.metadata.uid.as_deref().unwrap()];
+    assert_eq!((entry.error.as_str(), &entry.devices), ("", &want));
+    let edits = resolve_cdi(&f.path().join("cdi"), &want[0].cdi_device_ids[0])
+        .expect("the runtime resolves the CDI id");
+    assert_eq!(edits["deviceNodes"][0]["path"], "/dev/kvm");
+    let repeated = Instant::now();
+    let again = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
+    let repeated = repeated.elapsed();
+    assert_eq!(again, answer, "prepared twice, one answer");
+    // Informative, printed with --nocapture: the stand-in connects per call (kubelet keeps one
+    // connection per driver), so this is an upper bound of Prepare's own time.
+    eprintln!(
+        "wdp run start to slices published: {published_after:?}; Prepare: {first:?} first, {repeated:?} repeated (checkpointed)"
+    );
+
+    // A claim nobody prepared (deleted before kubelet unprepared it): success.
+    let unknown = ClaimRef {
+        namespace: "default".into(),
+        uid: "no-such-uid".into(),
+        name: "gone".into(),
+    };
+    let out = kubelet.unprepare(DRIVER, &[unknown]).await.unwrap();
+    assert_eq!(out["no-such-uid"], "");
+
+    // Hot-plug: /dev/fuse appears, its slots reach the slices and the health stream.
+    let mut health = kubelet.health(DRIVER).await.expect("the health stream");
+    f.char_dev("fuse", 10, 229);
+    until_published(
+        &api,
+        &["fuse-0", "fuse-1", "kvm-0", "kvm-1", "tun-0", "tun-1"],
+    )
+    .await;
+    let healthy = HealthStatus::Healthy as i32;
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(20), health.message())
+            .await
+            .expect("a health message within 20 s")
+            .expect("the health stream")
+            .expect("the stream stays open");
+        let mut listed: Vec<(String, i32)> = message
+            .devices
+            .iter()
+            .filter_map(|d| Some((d.device.as_ref()?.device_name.clone(), d.health)))
+            .collect();
+        listed.sort();
+        if listed.iter().any(|(name, _)| name == "fuse-0") {
+            let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(
+                names,
+                ["fuse-0", "fuse-1", "kvm-0", "kvm-1", "tun-0", "tun-1"]
+            );
+            assert!(listed.iter().all(|(_, h)| *h == healthy), "{listed:?}");
+            break;
+        }
+    }
+    drop(health);
+
+    // wdp restarts: sockets removed at SIGTERM, specs and checkpoint kept; the same answer.
+    assert!(host.terminate().await.success());
+    let dra_socket = dirs.plugins.join(DRIVER).join("dra.sock");
+    let reg_socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
+    assert!(!dra_socket.exists() && !reg_socket.exists());
+    assert!(dirs.plugins.join(DRIVER).join("checkpoint.json").exists());
+    assert!(resolve_cdi(&f.path().join("cdi"), &want[0].cdi_device_ids[0]).is_some());
+    let host = Host::start(&config, &plugins, &f);
+    eventually("the driver registered again", || async {
+        (kubelet.registrations(DRIVER) >= 2).then_some(())
+    })
+    .await;
+    let after = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
+    assert_eq!(after, answer, "prepared across a wdp restart, one answer");
+
+    // kubelet restarts: it wipes the node's slices, and the driver's registration brings them
+    // back.
+    kubelet.stop();
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered with the new kubelet");
+    until_published(
+        &api,
+        &["fuse-0", "fuse-1", "kvm-0", "kvm-1", "tun-0", "tun-1"],
+    )
+    .await;
+
+    let out = kubelet
+        .unprepare(DRIVER, &[claim_ref(&claim)])
+        .await
+        .unwrap();
+    assert_eq!(out[claim.metadata.uid.as_deref().unwrap()], "");
+    assert!(host.terminate().await.success());
+    drop(seen);
+    dp_kubelet.stop().await;
+}
+
+/// `wdp run --metrics-addr` on a free port, and the address it serves on (from its log).
+async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
+    let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
+    let addr = eventually("the metrics address in the host's log", || async {
+        let log = host.log();
+        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+        let port: String = line
+            .split("127.0.0.1:")
+            .nth(1)?
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        Some(format!("127.0.0.1:{port}"))
+    })
+    .await;
+    (host, addr)
+}
+
+/// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_on_readyz() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let plugins = f.plugin_dir();
+    let kubelet = KubeletStandIn::start_refusing(
+        &dirs.registry,
+        &api,
+        NODE,
+        Some("driver name already registered".into()),
+    );
+    let (dp_kubelet, observed) =
+        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let body = eventually("/readyz with kubelet's refusal", || async {
+        let (code, body) = http_get(&addr, "/readyz").await.ok()?;
+        assert_eq!(code, 503, "ready though kubelet refused the driver: {body}");
+        (body.contains(
+            "scanner kvm: DRA driver devices.example.com: kubelet refused the registration: driver name already registered",
+        ) && !body.contains("net.example.com"))
+        .then_some(body)
+    })
+    .await;
+    assert_eq!(body.lines().count(), 2, "{body}");
+    assert!(kubelet.registrations(DRIVER) >= 1);
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
+
+/// Hot reload adds and removes DRA scanners: removed, its sockets go (and kubelet's watcher
+/// deregisters it) while the device-plugin scanner stays; added back, it registers and publishes
+/// again; a reload breaking a DRA rule (no CDI) is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_adds_and_removes_dra_scanners() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let full = std::fs::read_to_string(&config).unwrap();
+    let plugins = f.plugin_dir();
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let reg_socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
+
+    // Without its cdi: refused, the driver stays.
+    std::fs::write(
+        &config,
+        full.replacen(
+            &format!("    cdi: {{ dir: {} }}\n", f.path().join("cdi").display()),
+            "",
+            1,
+        ),
+    )
+    .unwrap();
+    let log = host.logged("config reload refused", 1).await;
+    assert!(
+        log.contains("scanners[0].cdi: is required with frontend: dra"),
+        "{log}"
+    );
+    assert!(reg_socket.exists());
+
+    // The DRA scanner removed: its sockets go, the other scanner is untouched.
+    let (_, net) = full.split_once("  - name: net").unwrap();
+    std::fs::write(&config, format!("scanners:\n  - name: net{net}")).unwrap();
+    host.logged("removed [kvm]", 1).await;
+    eventually("the DRA sockets removed", || async {
+        (!reg_socket.exists() && !dirs.plugins.join(DRIVER).join("dra.sock").exists()).then_some(())
+    })
+    .await;
+    assert_eq!(
+        seen.registrations("net.example.com/kvm"),
+        1,
+        "not restarted"
+    );
+    eventually("kubelet's watcher deregistered the driver", || async {
+        kubelet
+            .registered(DRIVER, Duration::ZERO)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // Added back: registered again, slices published.
+    std::fs::write(&config, &full).unwrap();
+    eventually("registered again", || async {
+        (kubelet.registrations(DRIVER) >= 2).then_some(())
+    })
+    .await;
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered again");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    assert_eq!(
+        seen.registrations("net.example.com/kvm"),
+        1,
+        "not restarted"
+    );
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
+
+/// A DRA driver that cannot start (in-cluster API server configuration, outside a cluster)
+/// serves nothing and keeps the host not ready with why; the device-plugin scanner is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_without_its_api_server_is_on_readyz() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let in_cluster = text.replace(&format!("http://{}", api.addr()), "in-cluster");
+    assert_ne!(in_cluster, text);
+    std::fs::write(&config, in_cluster).unwrap();
+    let plugins = f.plugin_dir();
+    let (dp_kubelet, observed) =
+        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let body = eventually("/readyz naming the API server", || async {
+        let (code, body) = http_get(&addr, "/readyz").await.ok()?;
+        assert_eq!(code, 503, "ready without an API server: {body}");
+        // The device-plugin scanner's resource registers meanwhile: then only the driver is
+        // left.
+        (body.contains("scanner kvm: DRA driver devices.example.com: the API server")
+            && !body.contains("net.example.com"))
+        .then_some(body)
+    })
+    .await;
+    assert_eq!(body.lines().count(), 2, "{body}");
+    assert!(!dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
