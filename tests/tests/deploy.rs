@@ -15,6 +15,12 @@
 //!   serving the kubelet stand-in in a root-owned 0750 plugin dir, and its probe endpoints answer
 //!   as the probes expect.
 //!
+//! * DRA mode's Component (`deploy/dra/`) is rendered onto `deploy/` (and compared with kubectl's
+//!   rendering where kubectl exists), parsed the same way, and checked: the DRA pod is the
+//!   device-plugin pod plus a token, NODE_NAME and kubelet's DRA dirs; the RBAC rules; the
+//!   admission policy's CEL evaluated over admission requests; each DeviceClass's CEL selector
+//!   evaluated on the slices wdp-dra builds from the ConfigMap's scanners over a fixture.
+//!
 //! The manifests and the config are read from `deploy/`; only the paths that differ between a node
 //! and this test (component files, /sys and /dev roots, the writable dirs, the port) are moved.
 
@@ -22,10 +28,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, Namespace, PodSpec, ServiceAccount, Volume, VolumeMount,
 };
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
@@ -1232,4 +1243,730 @@ fn dependencies_take_patch_releases_and_can_be_audited() {
     );
     let make = read("Makefile");
     assert!(make.contains("\naudit:\n") && make.contains("$(CARGO) audit"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// DRA mode: the overlay deploy/dra/
+
+/// The keys of deploy/dra/kustomization.yaml this renderer implements.
+const OVERLAY_KEYS: [&str; 4] = ["apiVersion", "kind", "resources", "patches"];
+
+/// Applies one RFC 6902 operation (`add`, `replace`, `remove`: what the overlay uses) to `doc`.
+fn json_patch_op(doc: &mut Value, op: &Value) -> Result<(), String> {
+    let path = op["path"].as_str().ok_or("a patch op without a path")?;
+    let (parent, last) = path.rsplit_once('/').ok_or("a path without '/'")?;
+    let target = doc
+        .pointer_mut(parent)
+        .ok_or_else(|| format!("{path}: no {parent}"))?;
+    let value = op.get("value").cloned();
+    match (op["op"].as_str(), target) {
+        (Some("add"), Value::Array(list)) => {
+            let value = value.ok_or("add without value")?;
+            match last {
+                "-" => list.push(value),
+                i => list.insert(i.parse().map_err(|_| format!("{path}: index"))?, value),
+            }
+        }
+        (Some("add"), Value::Object(map)) => {
+            map.insert(last.to_string(), value.ok_or("add without value")?);
+        }
+        (Some("replace"), Value::Object(map)) if map.contains_key(last) => {
+            map.insert(last.to_string(), value.ok_or("replace without value")?);
+        }
+        (Some("remove"), Value::Object(map)) if map.contains_key(last) => {
+            map.remove(last);
+        }
+        (op, _) => return Err(format!("{path}: op {op:?} not applicable here")),
+    }
+    Ok(())
+}
+
+/// Renders the base `base` with the Component `dir` as `kubectl kustomize` does for the keys
+/// used: the base's objects and the Component's resources, then each JSON patch of the
+/// Component on the object its target names.
+fn render_with_component(base: &Path, dir: &Path) -> Result<Vec<Doc>, String> {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
+        .map_err(|e| format!("kustomization.yaml: {e}"))?;
+    let k: Value = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
+    for key in k.as_object().ok_or("not a map")?.keys() {
+        if !OVERLAY_KEYS.contains(&key.as_str()) {
+            return Err(format!("key {key:?} is not rendered by this test"));
+        }
+    }
+    if k["apiVersion"] != "kustomize.config.k8s.io/v1alpha1" || k["kind"] != "Component" {
+        return Err("not a kustomize.config.k8s.io/v1alpha1 Component".into());
+    }
+    let mut docs = render(base)?;
+    for r in k["resources"].as_array().ok_or("no resources")? {
+        let file = r.as_str().ok_or("a resource is not a string")?;
+        if file.contains('/') {
+            return Err(format!(
+                "resource {file:?}: only files beside the kustomization"
+            ));
+        }
+        let text = std::fs::read_to_string(dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        for value in yaml_documents(&text).map_err(|e| format!("{file}: {e}"))? {
+            docs.push(Doc {
+                file: format!("dra/{file}"),
+                value,
+            });
+        }
+    }
+    for patch in k["patches"].as_array().into_iter().flatten() {
+        let target = &patch["target"];
+        let file = patch["path"].as_str().ok_or("a patch without a path")?;
+        for key in target.as_object().ok_or("a patch without a target")?.keys() {
+            if !["kind", "name"].contains(&key.as_str()) {
+                return Err(format!(
+                    "patch target key {key:?} is not rendered by this test"
+                ));
+            }
+        }
+        let text = std::fs::read_to_string(dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        let ops: Value = serde_yaml_ng::from_str(&text).map_err(|e| format!("{file}: {e}"))?;
+        let mut hits = 0;
+        for doc in docs.iter_mut().filter(|d| {
+            d.value["kind"] == target["kind"] && d.value["metadata"]["name"] == target["name"]
+        }) {
+            for op in ops.as_array().ok_or("a JSON patch is a list")? {
+                json_patch_op(&mut doc.value, op).map_err(|e| format!("{file}: {e}"))?;
+            }
+            hits += 1;
+        }
+        if hits != 1 {
+            return Err(format!("{file}: its target matches {hits} objects"));
+        }
+    }
+    Ok(docs)
+}
+
+fn rendered_dra() -> Vec<Doc> {
+    render_with_component(&repo().join("deploy"), &repo().join("deploy/dra"))
+        .unwrap_or_else(|e| panic!("deploy/dra/: {e}"))
+}
+
+/// [`check_typed`], and the kinds only DRA mode uses.
+fn check_typed_dra(doc: &Value) -> Result<(), String> {
+    if is::<ClusterRole>(doc) {
+        strict::<ClusterRole>(doc).map(drop)
+    } else if is::<ClusterRoleBinding>(doc) {
+        strict::<ClusterRoleBinding>(doc).map(drop)
+    } else if is::<ValidatingAdmissionPolicy>(doc) {
+        strict::<ValidatingAdmissionPolicy>(doc).map(drop)
+    } else if is::<ValidatingAdmissionPolicyBinding>(doc) {
+        strict::<ValidatingAdmissionPolicyBinding>(doc).map(drop)
+    } else if is::<DeviceClass>(doc) {
+        strict::<DeviceClass>(doc).map(drop)
+    } else {
+        check_typed(doc)
+    }
+}
+
+/// Every object of type `T` in the rendering.
+fn all<T: k8s_openapi::Resource + DeserializeOwned + Serialize>(docs: &[Doc]) -> Vec<T> {
+    docs.iter()
+        .filter(|d| is::<T>(&d.value))
+        .map(|d| strict(&d.value).unwrap_or_else(|e| panic!("{}: {e}", d.file)))
+        .collect()
+}
+
+#[test]
+fn the_dra_overlay_is_typed_kubernetes_objects_without_unknown_fields() {
+    let docs = rendered_dra();
+    let kinds: BTreeSet<&str> = docs.iter().map(Doc::kind).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from([
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "DeviceClass",
+            "Namespace",
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ])
+    );
+    for doc in &docs {
+        check_typed_dra(&doc.value).unwrap_or_else(|e| panic!("{}: {e}", doc.file));
+    }
+    let cluster_scoped = [
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "DeviceClass",
+    ];
+    for doc in &docs {
+        let namespace = &doc.value["metadata"]["namespace"];
+        if cluster_scoped.contains(&doc.kind()) {
+            assert!(
+                namespace.is_null(),
+                "{} {} is cluster-scoped",
+                doc.kind(),
+                doc.name()
+            );
+        } else {
+            assert_eq!(namespace, "wdp-system", "{} {}", doc.kind(), doc.name());
+        }
+    }
+    // A misspelled field in an overlay file is caught like one in the base.
+    let mut typo = docs
+        .iter()
+        .find(|d| d.kind() == "DeviceClass")
+        .unwrap()
+        .value
+        .clone();
+    let spec = typo["spec"].as_object_mut().unwrap();
+    let v = spec.remove("extendedResourceName").unwrap();
+    spec.insert("extendedResourceNmae".into(), v);
+    assert_eq!(
+        check_typed_dra(&typo).unwrap_err(),
+        "unknown field spec.extendedResourceNmae"
+    );
+    // And the renderer refuses what it does not implement.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nresources: []\ncomponents: []\n",
+    )
+    .unwrap();
+    let base = repo().join("deploy");
+    let err = render_with_component(&base, dir.path()).unwrap_err();
+    assert!(err.contains("\"components\""), "{err}");
+    // The base names the Component, commented out, as the README says.
+    assert!(read("deploy/kustomization.yaml").contains("\n# components:\n#   - dra\n"));
+}
+
+/// The DRA pod is the device-plugin pod plus its account's token, NODE_NAME and kubelet's two
+/// DRA directories, nothing else; the device-plugin mode keeps no token and no role.
+#[test]
+fn the_dra_pod_adds_only_a_token_the_node_name_and_kubelets_dra_dirs() {
+    let base = rendered();
+    let dra = rendered_dra();
+    let base_ds: DaemonSet = one(&base);
+    let ds: DaemonSet = one(&dra);
+    let pod = pod_spec(&ds);
+
+    // The device-plugin mode is unchanged: no token, the roleless account.
+    assert_eq!(
+        pod_spec(&base_ds).automount_service_account_token,
+        Some(false)
+    );
+    assert_eq!(
+        pod_spec(&base_ds).service_account_name.as_deref(),
+        Some("wdp")
+    );
+    // DRA mode: a token of the account wdp-dra, rendered here.
+    assert_eq!(pod.automount_service_account_token, Some(true));
+    let accounts: Vec<ServiceAccount> = all(&dra);
+    let names: BTreeSet<_> = accounts
+        .iter()
+        .filter_map(|a| a.metadata.name.as_deref())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["wdp", "wdp-dra"]));
+    assert_eq!(pod.service_account_name.as_deref(), Some("wdp-dra"));
+
+    // NODE_NAME from the downward API (the config's default node name).
+    let c = the_container(&ds);
+    let node_name = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME is set");
+    let field = node_name
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref());
+    assert_eq!(field.map(|f| f.field_path.as_str()), Some("spec.nodeName"));
+
+    // kubelet's DRA dirs: writable, at their host paths (wdp tells kubelet socket paths as it
+    // sees them), Directory (kubelet makes them).
+    let mut writable_host = BTreeSet::new();
+    for m in c.volume_mounts.iter().flatten().filter(|m| writable(m)) {
+        let (_, v) = mount_of(&ds, &m.mount_path);
+        if let Some(path) = host_path(v) {
+            assert_eq!(m.mount_path, path);
+            writable_host.insert(path.to_string());
+        }
+    }
+    let mut expected: BTreeSet<String> =
+        WRITABLE_HOST_PATHS.iter().map(|p| p.to_string()).collect();
+    expected.extend([
+        "/var/lib/kubelet/plugins".into(),
+        "/var/lib/kubelet/plugins_registry".into(),
+    ]);
+    assert_eq!(writable_host, expected);
+    // They are where `wdp run` looks when the config's `node:` does not say (the ConfigMap's
+    // does not), and kubelet makes them.
+    for dir in [
+        wdp::config::DEFAULT_KUBELET_PLUGINS_DIR,
+        wdp::config::DEFAULT_KUBELET_PLUGINS_REGISTRY_DIR,
+    ] {
+        let (m, v) = mount_of(&ds, dir);
+        assert_eq!(m.mount_path, dir);
+        assert_eq!(
+            v.host_path.as_ref().and_then(|h| h.type_.as_deref()),
+            Some("Directory")
+        );
+    }
+    assert!(
+        !config_yaml(&dra).contains("\nnode:"),
+        "the ConfigMap keeps the default dirs"
+    );
+
+    // Nothing else differs: take the additions out again and the pods are equal.
+    let mut stripped = serde_json::to_value(&ds).unwrap();
+    let spec = stripped.pointer_mut("/spec/template/spec").unwrap();
+    spec["serviceAccountName"] = "wdp".into();
+    spec["automountServiceAccountToken"] = false.into();
+    let keep = |list: &mut Value, key: &str, drop: &[&str]| {
+        list.as_array_mut()
+            .unwrap()
+            .retain(|e| !drop.contains(&e[key].as_str().unwrap_or_default()));
+    };
+    keep(
+        &mut spec["volumes"],
+        "name",
+        &["plugins", "plugins-registry"],
+    );
+    keep(
+        &mut spec["containers"][0]["volumeMounts"],
+        "name",
+        &["plugins", "plugins-registry"],
+    );
+    keep(&mut spec["containers"][0]["env"], "name", &["NODE_NAME"]);
+    assert_eq!(stripped, serde_json::to_value(&base_ds).unwrap());
+}
+
+#[test]
+fn the_dra_rbac_grants_what_the_front_end_does_to_its_account_only() {
+    let docs = rendered_dra();
+    let [role]: [ClusterRole; 1] = all(&docs).try_into().expect("one ClusterRole");
+    let rules: BTreeSet<(String, String, Vec<String>)> = role
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| {
+            let groups = r.api_groups.clone().unwrap_or_default();
+            let resources = r.resources.clone().unwrap_or_default();
+            assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
+            groups.into_iter().flat_map(move |g| {
+                let verbs = r.verbs.clone();
+                resources
+                    .clone()
+                    .into_iter()
+                    .map(move |res| (g.clone(), res, verbs.clone()))
+            })
+        })
+        .collect();
+    let verbs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        rules,
+        BTreeSet::from([
+            (
+                "resource.k8s.io".into(),
+                "resourceslices".into(),
+                verbs(&[
+                    "get", "list", "watch", "create", "update", "patch", "delete"
+                ])
+            ),
+            (
+                "resource.k8s.io".into(),
+                "resourceclaims".into(),
+                verbs(&["get"])
+            ),
+            ("".into(), "nodes".into(), verbs(&["get"])),
+        ])
+    );
+    let [binding]: [ClusterRoleBinding; 1] = all(&docs).try_into().expect("one binding");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
+    let subjects = binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (
+            subjects[0].kind.as_str(),
+            subjects[0].name.as_str(),
+            subjects[0].namespace.as_deref()
+        ),
+        ("ServiceAccount", "wdp-dra", Some("wdp-system"))
+    );
+}
+
+/// A CEL program of the Kubernetes dialect's optional syntax (`[?k]`, `.?f`, `orValue`).
+fn cel_program(expression: &str) -> (cel::Program, std::sync::Arc<cel::Env>) {
+    let env = std::sync::Arc::new(cel::Env::stdlib().with_optional_support(true));
+    let program = env
+        .compile(expression)
+        .unwrap_or_else(|e| panic!("CEL {expression:?}: {e:?}"));
+    (program, env)
+}
+
+/// The admission policy's variables and validations evaluated with CEL over admission requests
+/// as the API server builds them: wdp on node-a may create, update and delete node-a's slices,
+/// and nothing of node-b's, nor anything without a node claim or without spec.nodeName.
+#[test]
+fn the_admission_policy_holds_each_wdp_to_its_own_nodes_slices() {
+    let docs = rendered_dra();
+    let [policy]: [ValidatingAdmissionPolicy; 1] = all(&docs).try_into().expect("one policy");
+    let [binding]: [ValidatingAdmissionPolicyBinding; 1] =
+        all(&docs).try_into().expect("one binding");
+    let binding = binding.spec;
+    assert_eq!(Some(&binding.policy_name), policy.metadata.name.as_ref());
+    assert_eq!(binding.validation_actions, ["Deny".to_string()]);
+    let spec = policy.spec.expect("a policy spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let rules = spec
+        .match_constraints
+        .and_then(|m| m.resource_rules)
+        .unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["resource.k8s.io".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["resourceslices".to_string()][..])
+    );
+    let ops: BTreeSet<_> = rules[0]
+        .operations
+        .iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(ops, BTreeSet::from(["CREATE", "DELETE", "UPDATE"]));
+
+    // As the API server hands objects to CEL: an unset field is absent, not null.
+    let slice = |node: Option<&str>| {
+        let mut spec = serde_json::json!({"driver": "devices.wdp.dev", "pool": {"name": "p"}});
+        if let Some(n) = node {
+            spec["nodeName"] = n.into();
+        }
+        serde_json::json!({ "spec": spec })
+    };
+    let request = |user: &str, node: Option<&str>, op: &str| {
+        let mut extra = serde_json::Map::new();
+        if let Some(n) = node {
+            extra.insert(
+                "authentication.kubernetes.io/node-name".into(),
+                serde_json::json!([n]),
+            );
+        }
+        serde_json::json!({"operation": op, "userInfo": {"username": user, "extra": extra}})
+    };
+    let evaluate =
+        |expression: &str, request: &Value, object: &Value, old: &Value, vars: &Value| {
+            let (program, env) = cel_program(expression);
+            let mut ctx = cel::Context::with_env(env);
+            ctx.add_variable("request", request).unwrap();
+            ctx.add_variable("object", object).unwrap();
+            ctx.add_variable("oldObject", old).unwrap();
+            ctx.add_variable("variables", vars).unwrap();
+            program
+                .execute(&ctx)
+                .unwrap_or_else(|e| panic!("CEL {expression:?}: {e:?}"))
+        };
+    // Admitted: whether every validation holds (matchConditions decide whether it applies).
+    let admitted = |request: Value, object: Value, old: Value| -> Option<bool> {
+        let none = serde_json::json!({});
+        for c in spec.match_conditions.iter().flatten() {
+            if evaluate(&c.expression, &request, &object, &old, &none) != cel::Value::Bool(true) {
+                return None;
+            }
+        }
+        let mut vars = serde_json::Map::new();
+        for v in spec.variables.iter().flatten() {
+            let value = evaluate(
+                &v.expression,
+                &request,
+                &object,
+                &old,
+                &Value::Object(vars.clone()),
+            );
+            let cel::Value::String(s) = value else {
+                panic!("{}: {value:?}", v.name)
+            };
+            vars.insert(v.name.clone(), s.to_string().into());
+        }
+        let vars = Value::Object(vars);
+        Some(spec.validations.iter().flatten().all(|v| {
+            evaluate(&v.expression, &request, &object, &old, &vars) == cel::Value::Bool(true)
+        }))
+    };
+    let wdp = "system:serviceaccount:wdp-system:wdp-dra";
+    let null = Value::Null;
+    for op in ["CREATE", "UPDATE"] {
+        assert_eq!(
+            admitted(
+                request(wdp, Some("node-a"), op),
+                slice(Some("node-a")),
+                null.clone()
+            ),
+            Some(true),
+            "{op}"
+        );
+        assert_eq!(
+            admitted(
+                request(wdp, Some("node-a"), op),
+                slice(Some("node-b")),
+                null.clone()
+            ),
+            Some(false),
+            "{op}"
+        );
+        assert_eq!(
+            admitted(request(wdp, Some("node-a"), op), slice(None), null.clone()),
+            Some(false),
+            "{op}"
+        );
+        assert_eq!(
+            admitted(request(wdp, None, op), slice(Some("node-a")), null.clone()),
+            Some(false),
+            "{op}"
+        );
+    }
+    // A delete is judged by the slice deleted.
+    assert_eq!(
+        admitted(
+            request(wdp, Some("node-a"), "DELETE"),
+            null.clone(),
+            slice(Some("node-a"))
+        ),
+        Some(true)
+    );
+    assert_eq!(
+        admitted(
+            request(wdp, Some("node-a"), "DELETE"),
+            null.clone(),
+            slice(Some("node-b"))
+        ),
+        Some(false)
+    );
+    // Others (kubelet wiping slices, the scheduler) are not held to it.
+    assert_eq!(
+        admitted(
+            request("system:node:node-a", Some("node-a"), "DELETE"),
+            null.clone(),
+            slice(Some("node-b"))
+        ),
+        None
+    );
+    // The policy names the account the pod runs as.
+    let ds: DaemonSet = one(&docs);
+    assert_eq!(
+        pod_spec(&ds)
+            .service_account_name
+            .as_deref()
+            .map(|sa| format!("system:serviceaccount:wdp-system:{sa}")),
+        Some(wdp.to_string())
+    );
+}
+
+/// A device of a slice as DRA's CEL sees it: `device.driver`, `device.attributes[domain][name]`
+/// (an unqualified attribute in the driver's domain), `device.capacity`.
+fn cel_device(driver: &str, device: &k8s_openapi::api::resource::v1::Device) -> Value {
+    let mut domains: BTreeMap<String, serde_json::Map<String, Value>> = BTreeMap::new();
+    for (name, value) in device.attributes.iter().flatten() {
+        let (domain, id) = name.split_once('/').unwrap_or((driver, name));
+        let value = if let Some(s) = &value.string {
+            s.clone().into()
+        } else if let Some(i) = value.int {
+            i.into()
+        } else if let Some(b) = value.bool {
+            b.into()
+        } else {
+            value.version.clone().into()
+        };
+        domains
+            .entry(domain.to_string())
+            .or_default()
+            .insert(id.to_string(), value);
+    }
+    serde_json::json!({"driver": driver, "attributes": domains, "capacity": {}})
+}
+
+/// Every DeviceClass bridges one type the ConfigMap's scanners serve, and every such type has
+/// one: the types are what the scanners report over a fixture with their devices, and each
+/// class's selector, evaluated with CEL, picks exactly its type's devices from the slices wdp-dra
+/// builds from those trees (with the driver a scanner would have in DRA mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_device_class_bridges_one_served_type_and_selects_its_devices() {
+    let docs = rendered_dra();
+    let config = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232)
+        .char_dev("net/tun", 10, 200)
+        .char_dev("vhost-net", 10, 238)
+        .char_dev("fuse", 10, 229)
+        .char_dev("ttyUSB0", 188, 0)
+        .char_dev("ttyACM0", 166, 0);
+    let sandbox = wdp_tests::sandbox(&f);
+    // (extended resource name, driver, device name) of every published device.
+    let mut published: Vec<(String, String, String, Value)> = Vec::new();
+    for s in &config.scanners {
+        let wdp::config::ComponentSource::File(path) = &s.component else {
+            panic!("{}: a file component", s.name)
+        };
+        let name = path.file_stem().unwrap().to_str().unwrap();
+        let env: Vec<(&str, &str)> = s
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut running = wdp_tests::run_guest(
+            &sandbox,
+            name,
+            &env,
+            Default::default(),
+            wdp::scanner::RestartPolicy::Never,
+        )
+        .await;
+        let tree = running.next_tree().await;
+        let driver = s
+            .dra
+            .as_ref()
+            .map_or(s.namespace.clone(), |d| d.driver.clone());
+        let pool = wdp_dra::seam::Pool {
+            name: "node-a".into(),
+            node_name: "node-a".into(),
+            devices: tree
+                .0
+                .iter()
+                .flat_map(|(dev_type, group)| {
+                    group.keys().map(move |id| wdp_dra::seam::Device {
+                        id: id.clone(),
+                        dev_type: dev_type.clone(),
+                        healthy: true,
+                        ..Default::default()
+                    })
+                })
+                .collect(),
+        };
+        assert!(
+            !pool.devices.is_empty(),
+            "{}: no device over the fixture",
+            s.name
+        );
+        let slices: Vec<ResourceSlice> = wdp_dra::slices::pool_slices(&driver, &pool, 0);
+        for slice in &slices {
+            assert_eq!(
+                wdp_dra::apiserver::standin::validate(slice),
+                Vec::<String>::new()
+            );
+            for device in slice.spec.devices.iter().flatten() {
+                let dev_type = device.attributes.as_ref().unwrap()[wdp_dra::slices::ATTR_TYPE]
+                    .string
+                    .clone()
+                    .unwrap();
+                published.push((
+                    format!("{}/{dev_type}", s.namespace),
+                    driver.clone(),
+                    device.name.clone(),
+                    cel_device(&driver, device),
+                ));
+            }
+        }
+    }
+    let served: BTreeSet<&str> = published.iter().map(|p| p.0.as_str()).collect();
+    let classes: Vec<DeviceClass> = all(&docs);
+    let bridged: BTreeSet<&str> = classes
+        .iter()
+        .map(|c| {
+            let spec = c.spec.as_ref().expect("a DeviceClass spec");
+            spec.extended_resource_name
+                .as_deref()
+                .expect("extendedResourceName")
+        })
+        .collect();
+    assert_eq!(bridged, served, "one DeviceClass per served type");
+    assert_eq!(bridged.len(), classes.len(), "no type bridged twice");
+    for class in &classes {
+        let spec = class.spec.as_ref().unwrap();
+        let resource = spec.extended_resource_name.as_deref().unwrap();
+        let (namespace, dev_type) = resource.split_once('/').unwrap();
+        assert_eq!(
+            class.metadata.name.as_deref(),
+            Some(format!("{dev_type}.{namespace}").as_str()),
+            "named after its type"
+        );
+        let selectors = spec.selectors.as_deref().unwrap_or_default();
+        assert_eq!(selectors.len(), 1, "{resource}");
+        let expression = &selectors[0]
+            .cel
+            .as_ref()
+            .expect("a CEL selector")
+            .expression;
+        let (program, env) = cel_program(expression);
+        let mut picked = BTreeSet::new();
+        for (r, _, name, device) in &published {
+            let mut ctx = cel::Context::with_env(env.clone());
+            ctx.add_variable("device", device).unwrap();
+            match program.execute(&ctx) {
+                Ok(cel::Value::Bool(true)) => {
+                    picked.insert((r.as_str(), name.as_str()));
+                }
+                Ok(cel::Value::Bool(false)) => {}
+                other => panic!("{resource}: {expression:?} on {device}: {other:?}"),
+            }
+        }
+        let want: BTreeSet<(&str, &str)> = published
+            .iter()
+            .filter(|p| p.0 == resource)
+            .map(|p| (p.0.as_str(), p.2.as_str()))
+            .collect();
+        assert!(!want.is_empty());
+        let wrong: Vec<_> = picked.symmetric_difference(&want).take(5).collect();
+        assert!(
+            wrong.is_empty(),
+            "{resource}: {expression} picks {} devices, {} are of its type; some differences: {wrong:?}",
+            picked.len(),
+            want.len()
+        );
+    }
+}
+
+/// As [`kubectl_kustomize_renders_the_same_objects`], for deploy/ with the DRA Component, as a
+/// kustomization of one's own includes them.
+#[test]
+fn kubectl_kustomize_renders_the_dra_component_the_same() {
+    // kustomize takes only relative paths: the kustomization goes beside deploy/ (in target/).
+    let dir = tempfile::tempdir_in(repo().join("target")).unwrap();
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../../deploy]\ncomponents: [../../deploy/dra]\n",
+    )
+    .unwrap();
+    let out = match std::process::Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(dir.path())
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("kubectl is not installed: rendering compared with nothing but this test's");
+            return;
+        }
+        Err(e) => panic!("kubectl: {e}"),
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = |v: &Value| format!("{}/{}", v["kind"], v["metadata"]["name"]);
+    let mut theirs = yaml_documents(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let mut ours: Vec<Value> = rendered_dra().into_iter().map(|d| d.value).collect();
+    theirs.sort_by_key(key);
+    ours.sort_by_key(key);
+    assert_eq!(theirs.len(), ours.len());
+    for (t, o) in theirs.iter().zip(&ours) {
+        let mut problems = Vec::new();
+        compare("", o, t, &mut problems);
+        assert!(problems.is_empty(), "{}: {problems:?}", key(o));
+    }
 }

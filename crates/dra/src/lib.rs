@@ -9,7 +9,9 @@
 //! whenever a scan or a health change alters them. Everything below reads the latest value:
 //!
 //! - [`publisher::Publisher`] keeps the API server's ResourceSlices of the driver on the node
-//!   equal to the inventory ([`slices`] builds them; [`names`] derives device names);
+//!   equal to the inventory ([`slices`] builds them; [`names`] derives device names), and
+//!   follows them through a watch ([`apiserver::watch`]) so that a wipe by kubelet is repaired
+//!   at once;
 //! - [`plugin::DraService`] serves kubelet's DRAPlugin v1 and v1beta1 (prepare and unprepare,
 //!   idempotent through [`checkpoint`]) and DRAResourceHealth (the health stream);
 //! - [`registration::Registrar`] answers kubelet's plugin watcher, and [`socket::serve`] keeps
@@ -60,7 +62,7 @@
 //! `wdp run` (its `dra` module) builds the [`seam::Inventory`] from its trees and starts the
 //! pieces above for scanners configured with `frontend: dra`. Typed attributes and capacities from guests need a new minor version of the WIT
 //! contract; until then [`seam::Device::attributes`] and [`seam::Device::capacity`] are whatever
-//! the host fills in. The slice publisher re-lists on a timer rather than watching.
+//! the host fills in.
 #![warn(missing_docs)]
 
 pub mod apiserver;

@@ -4,20 +4,25 @@
 //! the slices the inventory gives ([`crate::slices::pool_slices`]), writes what differs and
 //! deletes what is not wanted (a pool gone, a slice no longer needed). A changed pool gets a new
 //! generation, higher than any the API server holds for it and than any this publisher wrote,
-//! so the scheduler never mixes slices of two states. A pass runs at every inventory change and
-//! every `resync`: kubelet deletes all of a node's slices when it starts and a driver's slices
-//! 30 s after the driver stops being usable, and the next pass puts them back. A pass can also be
-//! asked for without changing anything, with `send_modify(|_| ())` on the inventory's sender:
-//! what the host does when kubelet registers the driver again (it has just wiped the slices).
+//! so the scheduler never mixes slices of two states.
+//!
+//! A pass runs at start, at every inventory change, whenever the watch of a node's slices
+//! ([`SliceWatcher`]) shows them differ from what the last pass left (kubelet deletes all of a
+//! node's slices when it starts and a driver's 30 s after the driver stops being usable; the
+//! watch sees that within milliseconds, and the pass puts them back), and every `resync` as a
+//! safety net. The watch's echo of the publisher's own writes matches what it wrote and starts
+//! no pass. A pass can also be asked for without changing anything, with `send_modify(|_| ())` on
+//! the inventory's sender.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use tokio::sync::watch;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use tokio::sync::{mpsc, watch};
 
-use crate::apiserver::{ApiError, SliceStore};
+use crate::apiserver::watch::{Observation, SliceWatcher};
+use crate::apiserver::{ApiError, SliceStore, WatchEvent};
 use crate::seam::Inventory;
 use crate::slices::pool_slices;
 
@@ -47,6 +52,18 @@ pub struct Publisher<S> {
     generations: BTreeMap<(String, String), i64>,
     /// Every node published to, so a pool that leaves the inventory is still cleaned up.
     nodes: BTreeSet<String>,
+    /// What the last pass left on each node: slice name -> spec. A watched slice that differs
+    /// from this (or is missing from it, or is deleted from it) starts a pass.
+    published: BTreeMap<String, BTreeMap<String, ResourceSliceSpec>>,
+}
+
+/// A task that is stopped when this is dropped: a node's watch, while the node is published to.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl<S: SliceStore> Publisher<S> {
@@ -57,6 +74,7 @@ impl<S: SliceStore> Publisher<S> {
             driver: driver.into(),
             generations: BTreeMap::new(),
             nodes: BTreeSet::new(),
+            published: BTreeMap::new(),
         }
     }
 
@@ -71,6 +89,7 @@ impl<S: SliceStore> Publisher<S> {
                 .into_iter()
                 .filter_map(|s| s.metadata.name.clone().map(|n| (n, s)))
                 .collect();
+            let mut left = BTreeMap::new();
             for pool in inventory.pools.iter().filter(|p| p.node_name == node) {
                 let key = (node.clone(), pool.name.clone());
                 let held: Vec<&ResourceSlice> = by_name
@@ -89,8 +108,10 @@ impl<S: SliceStore> Publisher<S> {
                         });
                     if same {
                         self.generations.insert(key, generation);
-                        for w in &wanted {
-                            by_name.remove(w.metadata.name.as_deref().unwrap_or_default());
+                        for w in wanted {
+                            let name = w.metadata.name.clone().unwrap_or_default();
+                            by_name.remove(&name);
+                            left.insert(name, w.spec);
                         }
                         continue;
                     }
@@ -101,6 +122,7 @@ impl<S: SliceStore> Publisher<S> {
                 };
                 for mut slice in pool_slices(&self.driver, pool, generation) {
                     let name = slice.metadata.name.clone().unwrap_or_default();
+                    left.insert(name.clone(), slice.spec.clone());
                     match by_name.remove(&name) {
                         Some(old) => {
                             slice.metadata.resource_version = old.metadata.resource_version;
@@ -122,23 +144,54 @@ impl<S: SliceStore> Publisher<S> {
                     Err(e) => return Err(e),
                 }
             }
-            if !inventory.pools.iter().any(|p| p.node_name == node) {
+            if inventory.pools.iter().any(|p| p.node_name == node) {
+                self.published.insert(node, left);
+            } else {
                 self.nodes.remove(&node);
+                self.published.remove(&node);
             }
         }
         Ok(report)
     }
 
-    /// Publishes until `shutdown` completes: a pass at start, at every inventory change and
-    /// every `resync`; a failed pass (API server away, a conflict with another writer) is logged
-    /// and retried at the next.
+    /// Whether `seen` on `node` shows slices other than the last pass left there.
+    fn differs(&self, node: &str, seen: &Observation) -> bool {
+        let empty = BTreeMap::new();
+        let published = self.published.get(node).unwrap_or(&empty);
+        let name = |s: &ResourceSlice| s.metadata.name.clone().unwrap_or_default();
+        match seen {
+            Observation::Listed(items) => {
+                let listed: BTreeMap<String, &ResourceSliceSpec> =
+                    items.iter().map(|s| (name(s), &s.spec)).collect();
+                listed.len() != published.len()
+                    || published
+                        .iter()
+                        .any(|(n, spec)| listed.get(n) != Some(&spec))
+            }
+            Observation::Changed(event) => match event.as_ref() {
+                WatchEvent::Added(s) | WatchEvent::Modified(s) => {
+                    published.get(&name(s)) != Some(&s.spec)
+                }
+                WatchEvent::Deleted(s) => published.contains_key(&name(s)),
+                WatchEvent::Bookmark(_) => false,
+            },
+        }
+    }
+
+    /// Publishes until `shutdown` completes: a pass at start, at every inventory change, when
+    /// a node's watched slices differ from what the last pass left, and every `resync`; a failed
+    /// pass (API server away, a conflict with another writer) is logged and retried at the next.
     pub async fn run(
         mut self,
         mut inventory: watch::Receiver<Inventory>,
         resync: Duration,
         shutdown: impl Future<Output = ()>,
-    ) {
+    ) where
+        S: Clone,
+    {
         tokio::pin!(shutdown);
+        let (seen_tx, mut seen) = mpsc::channel::<(String, Observation)>(64);
+        let mut watches: BTreeMap<String, AbortOnDrop> = BTreeMap::new();
         loop {
             let current = inventory.borrow_and_update().clone();
             match self.reconcile(&current).await {
@@ -150,10 +203,39 @@ impl<S: SliceStore> Publisher<S> {
                     tracing::warn!(driver = %self.driver, error = %e, "ResourceSlices not published; retrying");
                 }
             }
-            tokio::select! {
-                () = &mut shutdown => return,
-                changed = inventory.changed() => if changed.is_err() { return },
-                () = tokio::time::sleep(resync) => {}
+            watches.retain(|node, _| self.nodes.contains(node));
+            for node in &self.nodes {
+                if watches.contains_key(node) {
+                    continue;
+                }
+                let mut watcher = SliceWatcher::new(self.store.clone(), node, &self.driver);
+                let (name, tx) = (node.clone(), seen_tx.clone());
+                let task = tokio::spawn(async move {
+                    loop {
+                        let seen = watcher.next().await;
+                        if tx.send((name.clone(), seen)).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                watches.insert(node.clone(), AbortOnDrop(task));
+            }
+            let next_resync = tokio::time::Instant::now() + resync;
+            loop {
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    changed = inventory.changed() => {
+                        if changed.is_err() { return }
+                        break;
+                    }
+                    () = tokio::time::sleep_until(next_resync) => break,
+                    Some((node, observed)) = seen.recv() => {
+                        if self.differs(&node, &observed) {
+                            tracing::debug!(driver = %self.driver, %node, "ResourceSlices changed by someone else; publishing again");
+                            break;
+                        }
+                    }
+                }
             }
         }
     }
@@ -308,6 +390,99 @@ mod tests {
         crate::testing::wait_for(|| devices(&server).len() == 2).await;
         let _ = stop.send(());
         task.await.unwrap();
+    }
+
+    /// How long a wiped slice may stay away when only the watch can notice (the resync is an
+    /// hour): what "at once" means here, with room for a loaded machine.
+    const REPUBLISH_BOUND: Duration = Duration::from_secs(2);
+
+    fn wanted_back(server: &ApiServerStandIn) -> impl FnMut() -> bool + '_ {
+        || devices(server).len() == 2
+    }
+
+    #[tokio::test]
+    async fn a_wipe_is_republished_through_the_watch_and_own_writes_start_no_pass() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let (_tx, rx) = watch::channel(Inventory {
+            pools: vec![pool("node-a", &["gpu-0", "gpu-1"])],
+        });
+        let publisher = Publisher::new(server.client(), DRIVER);
+        let task =
+            tokio::spawn(publisher.run(rx, Duration::from_secs(3600), std::future::pending()));
+        crate::testing::wait_for(wanted_back(&server)).await;
+        crate::testing::wait_for(|| server.watches() == 1).await;
+        // The watch echoes the publisher's own create: no second pass, no write.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (writes, lists) = (server.writes(), server.lists());
+        assert_eq!(writes, 1);
+
+        // kubelet wipes the node's slices (at its start): back at once, not in an hour.
+        server.wipe_slices(Some("node-a"), None);
+        let took = crate::testing::wait_within(REPUBLISH_BOUND, wanted_back(&server)).await;
+        eprintln!("wipe -> republished in {took:?}");
+        assert!(devices(&server).iter().all(|(_, g, _)| *g == 1));
+        // Another writer changes the slice: put back as well.
+        let mut foreign = server.slices()[0].clone();
+        foreign.spec.devices = Some(vec![]);
+        server.put_slice(foreign).unwrap();
+        crate::testing::wait_within(REPUBLISH_BOUND, wanted_back(&server)).await;
+        // And then it settles: the echoes of its repairs start no further writes.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let settled = server.writes();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(server.writes(), settled);
+        assert!(server.lists() > lists);
+
+        // The watch cannot resume (ended, history compacted): the watcher lists again and the
+        // publisher still notices the wipe.
+        server.end_watches();
+        server.wipe_slices(Some("node-a"), None);
+        server.compact();
+        crate::testing::wait_within(REPUBLISH_BOUND, wanted_back(&server)).await;
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn the_watch_survives_a_token_rotation() {
+        use crate::apiserver::client::ApiClient;
+        use crate::apiserver::standin::Options;
+        let cert = include_bytes!("apiserver/testdata/cert.pem").to_vec();
+        let key = include_bytes!("apiserver/testdata/key.pem").to_vec();
+        let server = ApiServerStandIn::start_with(Options {
+            tls: Some((cert.clone(), key)),
+            token: Some("first".into()),
+            ..Options::default()
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
+        std::fs::write(dir.path().join("token"), "first\n").unwrap();
+        let client = ApiClient::https("127.0.0.1", server.addr().port(), dir.path()).unwrap();
+        let (_tx, rx) = watch::channel(Inventory {
+            pools: vec![pool("node-a", &["gpu-0", "gpu-1"])],
+        });
+        let task = tokio::spawn(Publisher::new(client, DRIVER).run(
+            rx,
+            Duration::from_secs(3600),
+            std::future::pending(),
+        ));
+        crate::testing::wait_for(wanted_back(&server)).await;
+        crate::testing::wait_for(|| server.watches() == 1).await;
+
+        // The API server now wants the rotated token, and the open watch ends: the watcher's
+        // next attempt with the old file is refused...
+        server.set_token("second");
+        server.end_watches();
+        crate::testing::wait_for(|| server.unauthorized() > 0).await;
+        // ...until kubelet writes the new token: the watch starts again with it, from where it
+        // was, and a wipe meanwhile is seen and repaired.
+        std::fs::write(dir.path().join("token"), "second\n").unwrap();
+        server.wipe_slices(Some("node-a"), None);
+        let took = crate::testing::wait_within(Duration::from_secs(8), wanted_back(&server)).await;
+        eprintln!("rotation, wipe -> republished in {took:?}");
+        assert!(server.watches() >= 2);
+        task.abort();
     }
 
     #[tokio::test]

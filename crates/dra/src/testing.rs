@@ -20,6 +20,19 @@ pub async fn channel(socket: &Path) -> Channel {
         .expect("connect to the socket")
 }
 
+/// Waits up to `bound` for `done`; how long it took.
+pub async fn wait_within(bound: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let start = tokio::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < bound,
+            "condition not reached in {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    start.elapsed()
+}
+
 /// Waits up to 5 s for `done`.
 pub async fn wait_for(mut done: impl FnMut() -> bool) {
     for _ in 0..250 {

@@ -5,13 +5,16 @@
 //! files, exec auth, its own tower stack). kube 5.0 with only `client`, `rustls-tls` and `ring`
 //! resolves against wdp's Cargo.lock to 27 crates the tree does not have (kube-client, kube-core,
 //! jsonpath-rust and the pest parser generator, a YAML parser, derive_more, tower-http 0.7,
-//! secrecy, psm and stacker with their assembly build, ...), for five REST calls. This client adds
+//! secrecy, psm and stacker with their assembly build, ...), for a handful of REST calls and one
+//! watch. This client adds
 //! none: hyper, hyper-util, tokio-rustls and rustls-pki-types are already built for tonic and
 //! the OCI client. What a node agent needs from in-cluster configuration is small: the API server at
 //! `KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT`, its CA and a service-account token, both in
 //! `/var/run/secrets/kubernetes.io/serviceaccount`. The token is a projected one that kubelet
-//! rotates, so it is read again for every request. One connection per request: these calls are
-//! rare (a slice change, a claim prepared) and a connection pool is not worth its code.
+//! rotates, so it is read again for every request (a watch, too, when it is started again). One
+//! connection per request: these calls are rare (a slice change, a claim prepared) and a
+//! connection pool is not worth its code. The watch of the node's slices is one long request
+//! whose chunked answer is one JSON event a line (see [`super::watch`] for resuming it).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,14 +23,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::{Method, StatusCode};
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 
-use super::{ApiError, ClaimSource, SliceStore};
+use super::{ApiError, ClaimSource, SliceList, SliceStore, WatchEvent, WatchStream};
 
 /// Where the service-account files are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -37,6 +42,18 @@ const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
 /// How long one call may take, connect to last byte.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the API server keeps one watch open (`timeoutSeconds`); the watcher resumes from
+/// the last resourceVersion. Under the five minutes a load balancer in front of the API server
+/// commonly allows an idle connection.
+const WATCH_SECONDS: u64 = 290;
+
+/// A watch that sends nothing for this long (no event, no bookmark; the API server sends a
+/// bookmark about every minute) is taken for a dead connection and started again.
+const WATCH_IDLE: Duration = Duration::from_secs(WATCH_SECONDS + 30);
+
+/// The longest watch line read: far beyond a slice of 128 devices with 32 attributes each.
+const MAX_WATCH_LINE: usize = 16 << 20;
 
 /// A client of one API server.
 #[derive(Clone)]
@@ -127,41 +144,36 @@ impl ApiClient {
         }
     }
 
-    /// `method path` with a JSON `body`; the status and body of a success (2xx), else the error
-    /// the status means.
+    /// `method path` with a JSON `body`; the body of a success (2xx), else the error the
+    /// status means.
     async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<Bytes, ApiError> {
-        let call = self.call_once(method, path, body);
+        let call = async {
+            let response = self.request(method, path, body).await?;
+            let status = response.status();
+            let bytes = collect(response.into_body()).await?;
+            Ok::<_, ApiError>((status, bytes))
+        };
         let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, call)
             .await
             .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
         if status.is_success() {
             return Ok(bytes);
         }
-        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-        Err(match status {
-            StatusCode::NOT_FOUND => ApiError::NotFound(message),
-            StatusCode::CONFLICT => ApiError::Conflict(message),
-            _ => ApiError::Status {
-                code: status.as_u16(),
-                message,
-            },
-        })
+        Err(error_of(status, &bytes))
     }
 
-    async fn call_once(
+    /// Sends one request on a new connection; the response with its body still to be read.
+    async fn request(
         &self,
         method: Method,
         path: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<(StatusCode, Bytes), ApiError> {
+    ) -> Result<hyper::Response<Incoming>, ApiError> {
         let inner = &self.inner;
         let authority = if inner.host.contains(':') {
             format!("[{}]:{}", inner.host, inner.port)
@@ -202,6 +214,18 @@ impl ApiClient {
         }
     }
 
+    /// Reads the node `name` (`GET /api/v1/nodes/NAME`), `None` when there is none: its UID
+    /// is what a ResourceSlice's owner reference names, so that the slices of a deleted node
+    /// are garbage-collected with it.
+    pub async fn get_node(&self, name: &str) -> Result<Option<Node>, ApiError> {
+        let path = format!("/api/v1/nodes/{}", percent_encode(name));
+        match self.call(Method::GET, &path, None).await {
+            Ok(body) => Ok(Some(serde_json::from_slice(&body)?)),
+            Err(ApiError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes every slice of `driver` on `node` in one call (DeleteCollection): what a driver
     /// removed from the node does to leave nothing behind.
     pub async fn delete_all_slices(&self, node: &str, driver: &str) -> Result<(), ApiError> {
@@ -232,10 +256,36 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
+/// The error a non-success answer means: its Status message (or the body) under the kind of
+/// failure the code says.
+fn error_of(status: StatusCode, bytes: &[u8]) -> ApiError {
+    let message = serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(bytes).into_owned());
+    match status {
+        StatusCode::NOT_FOUND => ApiError::NotFound(message),
+        StatusCode::CONFLICT => ApiError::Conflict(message),
+        StatusCode::GONE => ApiError::Gone(message),
+        _ => ApiError::Status {
+            code: status.as_u16(),
+            message,
+        },
+    }
+}
+
+async fn collect(body: Incoming) -> Result<Bytes, ApiError> {
+    Ok(body
+        .collect()
+        .await
+        .map_err(|e| ApiError::Transport(e.to_string()))?
+        .to_bytes())
+}
+
 async fn send<I>(
     io: I,
     request: hyper::Request<Full<Bytes>>,
-) -> Result<(StatusCode, Bytes), ApiError>
+) -> Result<hyper::Response<Incoming>, ApiError>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -247,18 +297,94 @@ where
             tracing::debug!(error = %e, "API server connection ended");
         }
     });
-    let response = sender
+    sender
         .send_request(request)
         .await
-        .map_err(|e| ApiError::Transport(e.to_string()))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| ApiError::Transport(e.to_string()))?
-        .to_bytes();
-    Ok((status, body))
+        .map_err(|e| ApiError::Transport(e.to_string()))
+}
+
+/// One line of a watch answer: `{"type": ..., "object": ...}`.
+#[derive(serde::Deserialize)]
+struct RawEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    object: serde_json::Value,
+}
+
+/// A watch line as a [`WatchEvent`]; an `ERROR` line is the error its Status says (410: Gone).
+fn parse_event(line: &[u8]) -> Result<WatchEvent, ApiError> {
+    let raw: RawEvent = serde_json::from_slice(line)?;
+    match raw.kind.as_str() {
+        "ADDED" => Ok(WatchEvent::Added(serde_json::from_value(raw.object)?)),
+        "MODIFIED" => Ok(WatchEvent::Modified(serde_json::from_value(raw.object)?)),
+        "DELETED" => Ok(WatchEvent::Deleted(serde_json::from_value(raw.object)?)),
+        "BOOKMARK" => Ok(WatchEvent::Bookmark(
+            raw.object["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )),
+        "ERROR" => {
+            let code = raw.object["code"].as_u64().unwrap_or(500);
+            let code = StatusCode::from_u16(u16::try_from(code).unwrap_or(500))
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Err(error_of(code, &serde_json::to_vec(&raw.object)?))
+        }
+        other => Err(ApiError::Transport(format!(
+            "unknown watch event type {other:?}"
+        ))),
+    }
+}
+
+/// What is left of a watch answer: the body, the bytes of an unfinished line, and whether it
+/// ended (after an error nothing more is read).
+struct WatchBody {
+    body: Incoming,
+    pending: Vec<u8>,
+    done: bool,
+}
+
+impl WatchBody {
+    /// The next event: one JSON object a line, as the API server writes them into its chunked
+    /// answer (a chunk may hold part of a line or several).
+    async fn next(&mut self) -> Option<Result<WatchEvent, ApiError>> {
+        while !self.done {
+            if let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=end).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let event = parse_event(&line);
+                self.done = event.is_err();
+                return Some(event);
+            }
+            if self.pending.len() > MAX_WATCH_LINE {
+                self.done = true;
+                return Some(Err(ApiError::Transport(format!(
+                    "a watch event longer than {MAX_WATCH_LINE} bytes"
+                ))));
+            }
+            match tokio::time::timeout(WATCH_IDLE, self.body.frame()).await {
+                Err(_) => {
+                    self.done = true;
+                    return Some(Err(ApiError::Transport(format!(
+                        "watch silent for {WATCH_IDLE:?}"
+                    ))));
+                }
+                Ok(None) => self.done = true,
+                Ok(Some(Err(e))) => {
+                    self.done = true;
+                    return Some(Err(ApiError::Transport(e.to_string())));
+                }
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.pending.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+        None
+    }
 }
 
 impl ClaimSource for ApiClient {
@@ -282,11 +408,49 @@ impl ClaimSource for ApiClient {
 
 impl SliceStore for ApiClient {
     async fn list(&self, node: &str, driver: &str) -> Result<Vec<ResourceSlice>, ApiError> {
+        Ok(self.list_at(node, driver).await?.items)
+    }
+
+    async fn list_at(&self, node: &str, driver: &str) -> Result<SliceList, ApiError> {
         let body = self
             .call(Method::GET, &slice_selector(node, driver), None)
             .await?;
         let list: k8s_openapi::List<ResourceSlice> = serde_json::from_slice(&body)?;
-        Ok(list.items)
+        Ok(SliceList {
+            items: list.items,
+            resource_version: list.metadata.resource_version.unwrap_or_default(),
+        })
+    }
+
+    async fn watch(
+        &self,
+        node: &str,
+        driver: &str,
+        resource_version: &str,
+    ) -> Result<WatchStream, ApiError> {
+        let path = format!(
+            "{}&watch=true&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={WATCH_SECONDS}",
+            slice_selector(node, driver),
+            percent_encode(resource_version)
+        );
+        let response = tokio::time::timeout(CALL_TIMEOUT, self.request(Method::GET, &path, None))
+            .await
+            .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = tokio::time::timeout(CALL_TIMEOUT, collect(response.into_body()))
+                .await
+                .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
+            return Err(error_of(status, &bytes));
+        }
+        let body = WatchBody {
+            body: response.into_body(),
+            pending: Vec::new(),
+            done: false,
+        };
+        Ok(Box::pin(futures::stream::unfold(body, |mut body| async {
+            body.next().await.map(|event| (event, body))
+        })))
     }
 
     async fn create(&self, slice: &ResourceSlice) -> Result<ResourceSlice, ApiError> {

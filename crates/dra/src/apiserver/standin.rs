@@ -4,13 +4,24 @@
 //! It keeps the rules of the real API server for these calls:
 //! - objects get a `uid`, a `resourceVersion` from one counter, and `metadata.generation` 1 at
 //!   creation, bumped when an update changes the spec;
-//! - create of a taken name: 409 AlreadyExists; `generateName` gets a suffix;
+//! - create of a taken name: 409 AlreadyExists;
 //! - update with a stale `resourceVersion`: 409 Conflict (none given: unconditional, as
 //!   ResourceSlices allow); of a missing object: 404; `spec.driver` and `spec.nodeName` are
 //!   immutable (422);
 //! - delete of a missing object: 404; a body's `preconditions` (`uid`, `resourceVersion`) that
 //!   do not hold: 409; DeleteCollection with a field selector;
-//! - list with field selectors `spec.nodeName` and `spec.driver` (anything else: 400);
+//! - list with field selectors `spec.nodeName` and `spec.driver` (anything else: 400), its
+//!   `metadata.resourceVersion` the latest;
+//! - watch (`?watch=true`, the same field selectors): `resourceVersion` unset or "0" starts with
+//!   the current slices as ADDED events, a version replays every change after it, and one older
+//!   than the kept history ([`ApiServerStandIn::compact`]) gets an `ERROR` event with a 410
+//!   Expired Status; DELETED events carry the deletion's resourceVersion; BOOKMARK events with
+//!   `allowWatchBookmarks=true` (how often: [`Options::bookmarks`]); the watch ends at
+//!   `timeoutSeconds` ([`ApiServerStandIn::end_watches`] ends them all at once); the answer is
+//!   chunked, one JSON event a line;
+//! - `generateName`: the prefix cut to 58 bytes and five characters of the API server's name
+//!   alphabet appended;
+//! - nodes: `GET /api/v1/nodes/NAME` ([`ApiServerStandIn::insert_node`]);
 //! - every ResourceSlice written is checked with these rules of kubernetes'
 //!   `pkg/apis/resource/validation` (422 Invalid when one fails):
 //!   name a DNS subdomain; `spec.driver` a DNS subdomain of at most 63 bytes; `spec.pool.name`
@@ -34,18 +45,33 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use super::client::ApiClient;
 use crate::names::{is_c_identifier, is_dns_label, is_dns_subdomain, is_semver};
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const CLAIMS_PREFIX: &str = "/apis/resource.k8s.io/v1/namespaces/";
+const NODES_PREFIX: &str = "/api/v1/nodes/";
+
+/// An answer's body: whole, or a watch's events as they come.
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+/// An answer.
+type Answer = Response<Body>;
+
+/// The characters the API server draws a `generateName` suffix from (no vowels, no look-alikes).
+const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+/// The suffix's length, and the longest prefix kept (63 - 5, as the API server truncates it).
+const NAME_SUFFIX: usize = 5;
+const MAX_GENERATE_PREFIX: usize = 58;
 
 /// The stand-in; the server stops when it is dropped.
 pub struct ApiServerStandIn {
@@ -61,6 +87,9 @@ pub struct Options {
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
     /// Refuse (401) requests without `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// Send a BOOKMARK event this often on watches that allow them (the real API server: about
+    /// every minute); `None`: never.
+    pub bookmarks: Option<std::time::Duration>,
 }
 
 fn acceptor(cert: &[u8], key: &[u8]) -> std::io::Result<tokio_rustls::TlsAcceptor> {
@@ -101,14 +130,68 @@ struct State {
     uids: u64,
     slices: BTreeMap<String, ResourceSlice>,
     claims: BTreeMap<(String, String), ResourceClaim>,
+    nodes: BTreeMap<String, Node>,
     /// Successful create, update and delete calls on slices.
     writes: u64,
+    /// The slice changes after `compacted`, for watches that resume: (resourceVersion, event
+    /// line).
+    history: Vec<(u64, ResourceSlice, Bytes)>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    compacted: u64,
+    watchers: Vec<Watcher>,
+    watcher_ids: u64,
+    bookmarks: Option<std::time::Duration>,
+    /// List calls on slices, watch calls, and requests refused for their token.
+    lists: u64,
+    watches: u64,
+    unauthorized: u64,
+}
+
+/// One open watch: its field selector and where its events go.
+struct Watcher {
+    id: u64,
+    node: Option<String>,
+    driver: Option<String>,
+    events: mpsc::UnboundedSender<Bytes>,
+}
+
+/// A watch event as the API server writes it: one JSON object and a newline.
+fn event_line(kind: &str, object: &impl serde::Serialize) -> Bytes {
+    let mut line =
+        serde_json::to_vec(&json!({ "type": kind, "object": object })).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
 }
 
 impl State {
     fn next_version(&mut self) -> String {
         self.version += 1;
         self.version.to_string()
+    }
+
+    /// Records a change of `slice` (already at its new resourceVersion) and hands it to the
+    /// watches that select it.
+    fn emit(&mut self, kind: &str, slice: &ResourceSlice) {
+        let version = slice
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(self.version);
+        let line = event_line(kind, slice);
+        self.history.push((version, slice.clone(), line.clone()));
+        self.watchers.retain(|w| {
+            !selected(slice, &w.node, &w.driver) || w.events.send(line.clone()).is_ok()
+        });
+    }
+
+    /// Removes the slice `name`, as a delete does: the DELETED event carries the object at the
+    /// deletion's resourceVersion.
+    fn remove_slice(&mut self, name: &str) -> Option<ResourceSlice> {
+        let mut slice = self.slices.remove(name)?;
+        slice.metadata.resource_version = Some(self.next_version());
+        self.emit("DELETED", &slice);
+        Some(slice)
     }
 
     fn next_uid(&mut self) -> String {
@@ -143,6 +226,7 @@ impl ApiServerStandIn {
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State {
             token: options.token,
+            bookmarks: options.bookmarks,
             ..State::default()
         }));
         let served = state.clone();
@@ -211,12 +295,65 @@ impl ApiServerStandIn {
     /// kubelet does at its start (all of its node's) and 30 s after a driver became unusable.
     pub fn wipe_slices(&self, node: Option<&str>, driver: Option<&str>) -> usize {
         let mut state = lock(&self.state);
-        let before = state.slices.len();
-        state.slices.retain(|_, s| {
-            !(node.is_none_or(|n| s.spec.node_name.as_deref() == Some(n))
-                && driver.is_none_or(|d| s.spec.driver == d))
-        });
-        before - state.slices.len()
+        let doomed: Vec<String> = state
+            .slices
+            .iter()
+            .filter(|(_, s)| {
+                node.is_none_or(|n| s.spec.node_name.as_deref() == Some(n))
+                    && driver.is_none_or(|d| s.spec.driver == d)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &doomed {
+            state.remove_slice(name);
+        }
+        doomed.len()
+    }
+
+    /// Forgets the change history, as etcd's compaction does: a watch that resumes from an
+    /// earlier resourceVersion gets 410 Gone and must list again.
+    pub fn compact(&self) {
+        let mut state = lock(&self.state);
+        state.compacted = state.version;
+        state.history.clear();
+    }
+
+    /// Ends every open watch, as the API server does at a watch's `timeoutSeconds` or when it
+    /// restarts; the events already sent are still delivered.
+    pub fn end_watches(&self) {
+        lock(&self.state).watchers.clear();
+    }
+
+    /// Stores `node` (given a UID if it has none) and serves it at `/api/v1/nodes/NAME`.
+    pub fn insert_node(&self, mut node: Node) -> Node {
+        let mut state = lock(&self.state);
+        if node.metadata.uid.is_none() {
+            node.metadata.uid = Some(state.next_uid());
+        }
+        node.metadata.resource_version = Some(state.next_version());
+        let name = node.metadata.name.clone().unwrap_or_default();
+        state.nodes.insert(name, node.clone());
+        node
+    }
+
+    /// The latest resourceVersion handed out.
+    pub fn resource_version(&self) -> String {
+        lock(&self.state).version.to_string()
+    }
+
+    /// How many list calls on slices were served so far (a watcher's re-lists show here).
+    pub fn lists(&self) -> u64 {
+        lock(&self.state).lists
+    }
+
+    /// How many watch calls were served so far.
+    pub fn watches(&self) -> u64 {
+        lock(&self.state).watches
+    }
+
+    /// How many requests were refused (401) for a missing or outdated token.
+    pub fn unauthorized(&self) -> u64 {
+        lock(&self.state).unauthorized
     }
 
     /// Stores `slice` as if another writer had created it (validated like any other).
@@ -230,7 +367,13 @@ impl ApiServerStandIn {
         slice.metadata.uid = Some(state.next_uid());
         slice.metadata.resource_version = Some(state.next_version());
         slice.metadata.generation = Some(1);
+        let kind = if state.slices.contains_key(&name) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
         state.slices.insert(name, slice.clone());
+        state.emit(kind, &slice);
         Ok(slice)
     }
 
@@ -245,7 +388,7 @@ impl ApiServerStandIn {
     }
 }
 
-fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response<Full<Bytes>> {
+fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Answer {
     let body = json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -258,9 +401,9 @@ fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Respons
     respond(code, &body)
 }
 
-fn respond(code: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+fn respond(code: StatusCode, body: &impl serde::Serialize) -> Answer {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *response.status_mut() = code;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -324,13 +467,15 @@ fn selected(slice: &ResourceSlice, node: &Option<String>, driver: &Option<String
         && driver.as_ref().is_none_or(|d| &slice.spec.driver == d)
 }
 
-async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Full<Bytes>> {
-    if let Some(token) = lock(state).token.clone() {
+async fn handle(state: &Arc<Mutex<State>>, request: Request<Incoming>) -> Answer {
+    let token = lock(state).token.clone();
+    if let Some(token) = token {
         let given = request
             .headers()
             .get(hyper::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         if given != Some(format!("Bearer {token}").as_str()) {
+            lock(state).unauthorized += 1;
             return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
         }
     }
@@ -343,6 +488,11 @@ async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Fu
     };
     if path == SLICES {
         return match method {
+            Method::GET
+                if param(query.as_deref(), "watch").is_some_and(|w| w == "true" || w == "1") =>
+            {
+                watch(state, query.as_deref())
+            }
             Method::GET => list(state, query.as_deref()),
             Method::POST => create(state, &body),
             Method::DELETE => delete_collection(state, query.as_deref()),
@@ -369,6 +519,19 @@ async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Fu
             ),
         };
     }
+    if let Some(name) = path.strip_prefix(NODES_PREFIX)
+        && method == Method::GET
+    {
+        let name = percent_decode(name);
+        return match lock(state).nodes.get(&name) {
+            Some(n) => respond(StatusCode::OK, n),
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("nodes \"{name}\" not found"),
+            ),
+        };
+    }
     if let Some(rest) = path.strip_prefix(CLAIMS_PREFIX)
         && let Some((namespace, name)) = rest.split_once("/resourceclaims/")
         && method == Method::GET
@@ -386,7 +549,7 @@ async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Fu
     )
 }
 
-fn not_found(resource: &str, name: &str) -> Response<Full<Bytes>> {
+fn not_found(resource: &str, name: &str) -> Answer {
     status(
         StatusCode::NOT_FOUND,
         "NotFound",
@@ -394,12 +557,135 @@ fn not_found(resource: &str, name: &str) -> Response<Full<Bytes>> {
     )
 }
 
-fn list(state: &Mutex<State>, query: Option<&str>) -> Response<Full<Bytes>> {
+/// The value of the query parameter `name`, decoded.
+fn param(query: Option<&str>, name: &str) -> Option<String> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+        .map(percent_decode)
+}
+
+/// A watch of the selected slices, with the real API server's semantics for these parameters:
+/// `resourceVersion` unset or "0": the current slices as ADDED events first; a version: every
+/// change after it (410 Gone in an ERROR event when the history no longer reaches back to it);
+/// `allowWatchBookmarks=true`: BOOKMARK events with the current resourceVersion;
+/// `timeoutSeconds`: the watch ends then. The answer is chunked, one event a line.
+fn watch(state: &Arc<Mutex<State>>, query: Option<&str>) -> Answer {
     let (node, driver) = match field_selector(query) {
         Ok(s) => s,
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
     };
-    let state = lock(state);
+    let since = match param(query, "resourceVersion").filter(|v| !v.is_empty() && v != "0") {
+        None => None,
+        Some(v) => match v.parse::<u64>() {
+            Ok(v) => Some(v),
+            Err(_) => {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("invalid resource version {v:?}"),
+                );
+            }
+        },
+    };
+    let timeout = param(query, "timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map(std::time::Duration::from_secs);
+    let allow_bookmarks = param(query, "allowWatchBookmarks").is_some_and(|b| b == "true");
+    let (events, received) = mpsc::unbounded_channel::<Bytes>();
+    let mut st = lock(state);
+    st.watches += 1;
+    match since {
+        Some(v) if v < st.compacted => {
+            let gone = json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("too old resource version: {v} ({})", st.compacted),
+                "reason": "Expired",
+                "code": 410,
+            });
+            let _ = events.send(event_line("ERROR", &gone));
+            drop(events);
+        }
+        since => {
+            let backlog: Vec<Bytes> = match since {
+                Some(v) => st
+                    .history
+                    .iter()
+                    .filter(|(at, s, _)| *at > v && selected(s, &node, &driver))
+                    .map(|(_, _, line)| line.clone())
+                    .collect(),
+                None => st
+                    .slices
+                    .values()
+                    .filter(|s| selected(s, &node, &driver))
+                    .map(|s| event_line("ADDED", s))
+                    .collect(),
+            };
+            for line in backlog {
+                let _ = events.send(line);
+            }
+            st.watcher_ids += 1;
+            let id = st.watcher_ids;
+            if let Some(every) = st.bookmarks.filter(|_| allow_bookmarks) {
+                let state = state.clone();
+                let events = events.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(every).await;
+                        let line = {
+                            let st = lock(&state);
+                            if !st.watchers.iter().any(|w| w.id == id) {
+                                return;
+                            }
+                            let mark = json!({
+                                "kind": "ResourceSlice",
+                                "apiVersion": "resource.k8s.io/v1",
+                                "metadata": { "resourceVersion": st.version.to_string() },
+                            });
+                            event_line("BOOKMARK", &mark)
+                        };
+                        if events.send(line).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            st.watchers.push(Watcher {
+                id,
+                node,
+                driver,
+                events,
+            });
+        }
+    }
+    drop(st);
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let frames = futures::stream::unfold(received, move |mut rx| async move {
+        let line = match deadline {
+            Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok().flatten(),
+            None => rx.recv().await,
+        }?;
+        Some((Ok::<_, Infallible>(Frame::data(line)), rx))
+    });
+    let mut response = Response::new(StreamBody::new(frames).boxed_unsync());
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn list(state: &Mutex<State>, query: Option<&str>) -> Answer {
+    let (node, driver) = match field_selector(query) {
+        Ok(s) => s,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
+    };
+    let mut state = lock(state);
+    state.lists += 1;
     let items: Vec<_> = state
         .slices
         .values()
@@ -417,12 +703,12 @@ fn list(state: &Mutex<State>, query: Option<&str>) -> Response<Full<Bytes>> {
     )
 }
 
-fn parse(body: &[u8]) -> Result<ResourceSlice, Box<Response<Full<Bytes>>>> {
+fn parse(body: &[u8]) -> Result<ResourceSlice, Box<Answer>> {
     serde_json::from_slice(body)
         .map_err(|e| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string())))
 }
 
-fn invalid(errors: &[String]) -> Response<Full<Bytes>> {
+fn invalid(errors: &[String]) -> Answer {
     status(
         StatusCode::UNPROCESSABLE_ENTITY,
         "Invalid",
@@ -430,16 +716,27 @@ fn invalid(errors: &[String]) -> Response<Full<Bytes>> {
     )
 }
 
-fn create(state: &Mutex<State>, body: &[u8]) -> Response<Full<Bytes>> {
+fn create(state: &Mutex<State>, body: &[u8]) -> Answer {
     let mut slice = match parse(body) {
         Ok(s) => s,
         Err(r) => return *r,
     };
     let mut state = lock(state);
-    if slice.metadata.name.is_none()
+    if slice.metadata.name.as_deref().is_none_or(str::is_empty)
         && let Some(prefix) = slice.metadata.generate_name.clone()
     {
-        let suffix = format!("{:05x}", state.uids + 1);
+        // The API server's rule: the prefix cut to 58 bytes, five characters of its alphabet
+        // appended (random there; drawn from a counter here, so tests are repeatable).
+        let prefix: String = prefix.chars().take(MAX_GENERATE_PREFIX).collect();
+        let mut n = state.uids + 1;
+        let mut suffix = String::with_capacity(NAME_SUFFIX);
+        for _ in 0..NAME_SUFFIX {
+            let len = NAME_ALPHABET.len() as u64;
+            suffix.push(char::from(
+                NAME_ALPHABET[usize::try_from(n % len).unwrap_or(0)],
+            ));
+            n /= len;
+        }
         slice.metadata.name = Some(format!("{prefix}{suffix}"));
     }
     let errors = validate(&slice);
@@ -459,10 +756,11 @@ fn create(state: &Mutex<State>, body: &[u8]) -> Response<Full<Bytes>> {
     slice.metadata.generation = Some(1);
     state.slices.insert(name, slice.clone());
     state.writes += 1;
+    state.emit("ADDED", &slice);
     respond(StatusCode::CREATED, &slice)
 }
 
-fn update(state: &Mutex<State>, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+fn update(state: &Mutex<State>, name: &str, body: &[u8]) -> Answer {
     let mut slice = match parse(body) {
         Ok(s) => s,
         Err(r) => return *r,
@@ -509,10 +807,11 @@ fn update(state: &Mutex<State>, name: &str, body: &[u8]) -> Response<Full<Bytes>
     slice.metadata.resource_version = Some(state.next_version());
     state.slices.insert(name.to_owned(), slice.clone());
     state.writes += 1;
+    state.emit("MODIFIED", &slice);
     respond(StatusCode::OK, &slice)
 }
 
-fn delete(state: &Mutex<State>, name: &str, body: &[u8]) -> Response<Full<Bytes>> {
+fn delete(state: &Mutex<State>, name: &str, body: &[u8]) -> Answer {
     let options: serde_json::Value = if body.is_empty() {
         serde_json::Value::Null
     } else {
@@ -539,12 +838,12 @@ fn delete(state: &Mutex<State>, name: &str, body: &[u8]) -> Response<Full<Bytes>
             format!("Precondition failed for resourceslices.resource.k8s.io \"{name}\""),
         );
     }
-    let removed = state.slices.remove(name);
+    let removed = state.remove_slice(name);
     state.writes += 1;
     respond(StatusCode::OK, &removed)
 }
 
-fn delete_collection(state: &Mutex<State>, query: Option<&str>) -> Response<Full<Bytes>> {
+fn delete_collection(state: &Mutex<State>, query: Option<&str>) -> Answer {
     let (node, driver) = match field_selector(query) {
         Ok(s) => s,
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e),
@@ -558,7 +857,7 @@ fn delete_collection(state: &Mutex<State>, query: Option<&str>) -> Response<Full
         .collect();
     let mut items = Vec::new();
     for name in doomed {
-        if let Some(s) = state.slices.remove(&name) {
+        if let Some(s) = state.remove_slice(&name) {
             items.push(s);
             state.writes += 1;
         }
@@ -825,6 +1124,7 @@ mod tests {
         let server = ApiServerStandIn::start_with(Options {
             tls: Some((cert.clone(), key)),
             token: Some("first".into()),
+            ..Options::default()
         })
         .await
         .unwrap();
@@ -865,6 +1165,34 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, ApiError::Transport(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn generated_names_and_nodes() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let client = server.client();
+        let mut generated = slice("", "node-1", "gpu.example.com", 1);
+        generated.metadata.name = None;
+        generated.metadata.generate_name = Some(format!("{}-", "n".repeat(70)));
+        let a = client.create(&generated).await.unwrap();
+        let b = client.create(&generated).await.unwrap();
+        let (a, b) = (a.metadata.name.unwrap(), b.metadata.name.unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 63, "{a}");
+        assert!(a.starts_with(&"n".repeat(58)), "{a}");
+        assert!(a[58..].bytes().all(|c| NAME_ALPHABET.contains(&c)), "{a}");
+
+        assert_eq!(client.get_node("node-1").await.unwrap(), None);
+        let stored = server.insert_node(Node {
+            metadata: ObjectMeta {
+                name: Some("node-1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let node = client.get_node("node-1").await.unwrap().unwrap();
+        assert_eq!(node.metadata.uid, stored.metadata.uid);
+        assert!(node.metadata.uid.is_some());
     }
 
     #[test]
