@@ -251,6 +251,7 @@ mod tests {
             annotations: BTreeMap::new(),
             numa_nodes: None,
             cdi_devices: vec!["v.example/c=shared".into()],
+            ..DeviceInfo::default()
         }
     }
 

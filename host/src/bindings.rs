@@ -52,4 +52,6 @@ pub mod pre_starter {
     });
 }
 
+/// WIT `hostfs` (0.1.1), named apart from the host's own [`crate::hostfs`] module it is served by.
+pub use scanner::wdp::device_plugin::hostfs as wit_hostfs;
 pub use scanner::wdp::device_plugin::{devfs, notifier, types};

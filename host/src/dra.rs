@@ -23,14 +23,14 @@ use wdp_dra::apiserver::client::ApiClient;
 use wdp_dra::checkpoint::Checkpoint;
 use wdp_dra::plugin::DraService;
 use wdp_dra::registration::{Endpoints, Registrar, RegistrationState, RegistrationStatusHandle};
-use wdp_dra::seam::{Device, Inventory, Pool};
+use wdp_dra::seam::{AttributeValue, Device, Inventory, Pool};
 
 use crate::config::{ApiServer, DraConfig};
 use crate::hostfs::sys::{SysDir, SysReads};
 use crate::hostfs::{DevFs, NodeKind};
 use crate::sandbox::Roots;
 use crate::status::ScannerHandle;
-use crate::tree::{DeviceTree, Health};
+use crate::tree::{AttributeValue as TreeAttributeValue, DeviceTree, Health};
 
 /// How often a removed socket is noticed and bound again.
 const SOCKET_CHECK: Duration = Duration::from_secs(1);
@@ -254,6 +254,15 @@ pub fn pool(node: &str, tree: &DeviceTree) -> Pool {
                     _ => None,
                 },
                 cdi_device_ids: info.cdi_devices.clone(),
+                // What the guest gave through `notify-with-attributes`, already validated with
+                // the API's rules when the tree was.
+                attributes: info
+                    .attributes
+                    .attributes
+                    .iter()
+                    .map(|(name, value)| (name.clone(), dra_value(value)))
+                    .collect(),
+                capacity: info.attributes.capacities.clone(),
                 ..Device::default()
             });
         }
@@ -262,6 +271,16 @@ pub fn pool(node: &str, tree: &DeviceTree) -> Pool {
         name: node.to_string(),
         node_name: node.to_string(),
         devices,
+    }
+}
+
+/// A validated guest attribute as the DRA front-end's.
+fn dra_value(value: &TreeAttributeValue) -> AttributeValue {
+    match value {
+        TreeAttributeValue::Bool(b) => AttributeValue::Bool(*b),
+        TreeAttributeValue::Int(i) => AttributeValue::Int(*i),
+        TreeAttributeValue::String(s) => AttributeValue::String(s.clone()),
+        TreeAttributeValue::Version(v) => AttributeValue::Version(v.clone()),
     }
 }
 
@@ -435,5 +454,27 @@ mod tests {
         assert_eq!(pool.devices[1].numa_node, None, "two nodes are no scalar");
         assert!(!pool.devices[1].healthy && !pool.devices[1].health_message.is_empty());
         assert!(pool.devices[2].healthy);
+    }
+
+    #[test]
+    fn a_devices_guest_attributes_and_capacities_reach_its_pool_entry() {
+        let mut info = DeviceInfo::default();
+        info.attributes
+            .attributes
+            .insert("model".into(), TreeAttributeValue::String("A100".into()));
+        info.attributes
+            .attributes
+            .insert("fw".into(), TreeAttributeValue::Version("1.2.3".into()));
+        info.attributes
+            .capacities
+            .insert("memory".into(), "80Gi".into());
+        let mut tree = DeviceTree::default();
+        tree.0
+            .insert("gpu".into(), BTreeMap::from([("card0".into(), info)]));
+        let pool = pool("node-1", &tree);
+        let d = &pool.devices[0];
+        assert_eq!(d.attributes["model"], AttributeValue::String("A100".into()));
+        assert_eq!(d.attributes["fw"], AttributeValue::Version("1.2.3".into()));
+        assert_eq!(d.capacity["memory"], "80Gi");
     }
 }

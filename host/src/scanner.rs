@@ -102,8 +102,12 @@ impl EventSink {
 }
 
 impl TreeSink for EventSink {
-    fn notify(&mut self, tree: wit::DeviceTree) -> BoxFuture<'_, Result<(), SinkClosed>> {
-        let event = match self.validator.check(tree) {
+    fn notify(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+    ) -> BoxFuture<'_, Result<(), SinkClosed>> {
+        let event = match self.validator.check_with_attributes(tree, attributes) {
             Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
             Err(e) => ScannerEvent::Refused(e),
         };

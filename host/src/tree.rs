@@ -14,6 +14,10 @@ use serde::Serialize;
 use crate::bindings::types as wit;
 use wdp_kubelet::names::is_dev_type;
 
+pub mod attributes;
+
+pub use attributes::{AttributeError, AttributeRule, AttributeValue, Attributes};
+
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Health {
@@ -72,6 +76,10 @@ pub struct DeviceInfo {
     pub numa_nodes: Option<Vec<u32>>,
     /// Fully qualified CDI device names.
     pub cdi_devices: Vec<String>,
+    /// Typed attributes and capacities from `notify-with-attributes`, for front-ends that
+    /// publish them (DRA); the device-plugin servers ignore them.
+    #[serde(skip_serializing_if = "Attributes::is_empty")]
+    pub attributes: Attributes,
 }
 
 impl Default for DeviceInfo {
@@ -85,6 +93,7 @@ impl Default for DeviceInfo {
             annotations: BTreeMap::new(),
             numa_nodes: None,
             cdi_devices: Vec::new(),
+            attributes: Attributes::default(),
         }
     }
 }
@@ -267,6 +276,9 @@ pub enum OutputError {
         /// The offending value, as given.
         value: String,
     },
+    #[error(transparent)]
+    /// A typed attribute or capacity broke one of the Kubernetes API's rules.
+    Attribute(#[from] AttributeError),
 }
 
 impl OutputError {
@@ -291,6 +303,7 @@ impl OutputError {
             OutputError::DevTypeTooLong { .. } => "dev-type-length",
             OutputError::NodeMissing { .. } => "node-exists",
             OutputError::MountNotAllowed { .. } => "allowed-mounts",
+            OutputError::Attribute(e) => e.rule.name(),
         }
     }
 }
@@ -336,6 +349,23 @@ impl DeviceTree {
         Ok(DeviceTree(tree))
     }
 
+    /// Validates the typed attributes a guest gave with this tree and keeps them on their
+    /// devices; the tree is refused as a whole when one breaks a rule, as for any other rule.
+    pub fn attach(&mut self, entries: Vec<wit::DeviceAttributes>) -> Result<(), OutputError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let validated = attributes::validate(entries, |dev_type, id| {
+            self.0.get(dev_type).is_some_and(|g| g.contains_key(id))
+        })?;
+        for ((dev_type, id), attrs) in validated {
+            if let Some(info) = self.0.get_mut(&dev_type).and_then(|g| g.get_mut(&id)) {
+                info.attributes = attrs;
+            }
+        }
+        Ok(())
+    }
+
     /// Number of devices over all types.
     pub fn device_count(&self) -> usize {
         self.0.values().map(BTreeMap::len).sum()
@@ -363,6 +393,7 @@ impl DeviceInfo {
             annotations: check_annotations(owner, info.annotations)?,
             numa_nodes,
             cdi_devices: check_cdi_names(owner, info.cdi_devices)?,
+            attributes: Attributes::default(),
         })
     }
 }

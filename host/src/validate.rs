@@ -74,6 +74,16 @@ impl Validator {
     /// One notified tree: the tree to serve, or why it is refused as a whole (the last good tree
     /// stays served).
     pub fn check(&mut self, tree: wit::DeviceTree) -> Result<DeviceTree, OutputError> {
+        self.check_with_attributes(tree, Vec::new())
+    }
+
+    /// [`Validator::check`] of a tree notified with typed attributes for its devices: they are
+    /// validated with it and kept on its devices.
+    pub fn check_with_attributes(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+    ) -> Result<DeviceTree, OutputError> {
         let metrics = &self.metrics;
         metrics.notified();
         if !self.memo_tried && node_count(&tree) >= MEMO_FROM {
@@ -86,7 +96,11 @@ impl Validator {
         }
         let memo = &self.memo;
         let known = |path: &str| memo.as_ref().is_some_and(|m| m.exists(path));
-        match self.policy.check_tree_knowing(tree, &self.devfs, &known) {
+        let checked = self
+            .policy
+            .check_tree_knowing(tree, &self.devfs, &known)
+            .and_then(|mut tree| tree.attach(attributes).map(|()| tree));
+        match checked {
             Ok(mut tree) => {
                 match &mut self.memo {
                     Some(memo) => {

@@ -18,6 +18,7 @@ mod attacks;
 mod authoring;
 mod catalogue;
 mod cdi_podman;
+mod contract_minor;
 mod deploy;
 mod dra;
 mod faults;

@@ -16,7 +16,11 @@ use semver::Version;
 pub const PACKAGE: &str = "wdp:device-plugin";
 
 /// The contract version this host was built with (`wit/device-plugin.wit`'s `package` line).
-pub const VERSION: &str = "0.1.0";
+///
+/// 0.1.1 added `hostfs` (listings with metadata and link targets, batched /sys reads) and
+/// `notifier.notify-with-attributes`; a guest built against 0.1.0 imports neither and links as
+/// before, since the host's 0.1.1 interfaces are a superset of 0.1.0's.
+pub const VERSION: &str = "0.1.1";
 
 /// What to do with a core wasm module, which the contract does not cover (only components speak
 /// it): said wherever one is refused, at pull and at load.
@@ -115,6 +119,7 @@ mod tests {
     fn one_line_is_accepted_and_others_are_refused_with_the_versions_spoken() {
         let ok = [
             "wdp:device-plugin/scanner@0.1.0",
+            "wdp:device-plugin/hostfs@0.1.1",
             "wdp:device-plugin/devfs@0.1.7",
             "wasi:io/poll@0.2.6",
             "wdp:device-plugins-extra/x@9.0.0",
@@ -140,7 +145,7 @@ mod tests {
             );
             assert!(
                 text.contains(
-                    "this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.0)"
+                    "this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.1)"
                 ),
                 "{text}"
             );

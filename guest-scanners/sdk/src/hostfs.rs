@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::bindings::scanner::wdp::device_plugin::hostfs as raw_hostfs;
 use crate::devfs::{Devfs, Node, NodeKind};
 use crate::pathglob::{self, DirSource};
 use crate::sysfs::StdFs;
@@ -75,6 +76,40 @@ pub trait HostFs: DirSource {
     /// when it is missing or unreadable, since devices come and go between scans.
     fn read_attr(&self, path: &str) -> Option<String> {
         self.read(path).ok().map(|s| s.trim().to_string())
+    }
+
+    /// [`HostFs::read`] of each of `paths`, in order. Why: the guest ([`Host`]) answers a whole
+    /// batch of /sys files in one call to the host, where reading them one by one costs several
+    /// boundary crossings each (open, read, close); a scanner that reads the same attributes
+    /// of every device asks for all of them at once.
+    fn read_many(&self, paths: &[String]) -> Vec<Result<String, ReadError>> {
+        paths.iter().map(|p| self.read(p)).collect()
+    }
+
+    /// [`HostFs::read_attr`] of each of `paths`, in order, through [`HostFs::read_many`].
+    fn read_attrs(&self, paths: &[String]) -> Vec<Option<String>> {
+        self.read_many(paths)
+            .into_iter()
+            .map(|r| r.ok().map(|s| s.trim().to_string()))
+            .collect()
+    }
+
+    /// The entries of directory `dir` with each symlink's stored target (None for other
+    /// kinds). Why: a walk that resolves the links it lists (a class directory's entries, a
+    /// device's `driver` and `iommu_group`) needs no `read_link` per entry: the guest gets the
+    /// whole listing, targets included, in one call to the host.
+    fn list_with_targets(&self, dir: &str) -> Result<Vec<(Node, Option<String>)>, String> {
+        let base = dir.trim_end_matches('/');
+        Ok(self
+            .list(dir)?
+            .into_iter()
+            .map(|n| {
+                let target = (n.kind == NodeKind::Symlink)
+                    .then(|| self.read_link(&format!("{base}/{}", n.name)).ok())
+                    .flatten();
+                (n, target)
+            })
+            .collect())
     }
 
     /// The last component of a symlink's stored target (the driver name behind
@@ -175,17 +210,49 @@ fn in_dev(path: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
+/// True for `/sys` and the paths below it: what the host's `hostfs.read-files` reads.
+fn in_sys(path: &str) -> bool {
+    path.strip_prefix("/sys")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// The guest's view of the host: /dev through the host's devfs (metadata and link targets only,
-/// never contents), everything else (the /sys preopen) through `std::fs`.
+/// never contents), /sys through the host's `hostfs` (a listing in one call, many files in one
+/// call) and the /sys preopen (`std::fs`) for single stats, links and reads.
 pub struct Host;
+
+/// One entry of a `hostfs` listing as a [`Node`] and its link target.
+fn from_entry(e: raw_hostfs::Entry) -> (Node, Option<String>) {
+    (
+        Node {
+            name: e.name,
+            kind: e.kind,
+            major: e.major,
+            minor: e.minor,
+            mode: e.mode,
+        },
+        e.link_target,
+    )
+}
+
+impl Host {
+    /// `hostfs.list-dir` for /dev and /sys; `std::fs` elsewhere (which reaches nothing: only /sys
+    /// is preopened).
+    fn listing(dir: &str) -> Result<Vec<(Node, Option<String>)>, String> {
+        if in_dev(dir) || in_sys(dir) {
+            Ok(raw_hostfs::list_dir(dir)?
+                .into_iter()
+                .map(from_entry)
+                .collect())
+        } else {
+            StdFs.list_with_targets(dir)
+        }
+    }
+}
 
 impl DirSource for Host {
     fn list(&self, dir: &str) -> Result<Vec<Node>, String> {
-        if in_dev(dir) {
-            Devfs.list(dir)
-        } else {
-            StdFs.list(dir)
-        }
+        Ok(Host::listing(dir)?.into_iter().map(|(n, _)| n).collect())
     }
     fn stat(&self, path: &str) -> Result<Node, String> {
         if in_dev(path) {
@@ -210,6 +277,55 @@ impl HostFs for Host {
         } else {
             StdFs.read(path)
         }
+    }
+    fn read_many(&self, paths: &[String]) -> Vec<Result<String, ReadError>> {
+        // The /sys paths go to the host in batches of what one call takes, the rest one by one.
+        let sys: Vec<String> = paths.iter().filter(|p| in_sys(p)).cloned().collect();
+        let mut answers = Vec::with_capacity(sys.len());
+        for chunk in sys.chunks(MAX_BATCH) {
+            match raw_hostfs::read_files(chunk) {
+                Ok(results) => answers.extend(results.into_iter().map(|r| r.map_err(from_wit))),
+                Err(why) => answers.extend(
+                    chunk
+                        .iter()
+                        .map(|_| Err(ReadError::Unreadable(why.clone()))),
+                ),
+            }
+        }
+        let mut answers = answers.into_iter();
+        paths
+            .iter()
+            .map(|p| {
+                if in_sys(p) {
+                    answers
+                        .next()
+                        .unwrap_or_else(|| Err(ReadError::Unreadable(format!("{p}: no answer"))))
+                } else {
+                    self.read(p)
+                }
+            })
+            .collect()
+    }
+    fn list_with_targets(&self, dir: &str) -> Result<Vec<(Node, Option<String>)>, String> {
+        Host::listing(dir)
+    }
+}
+
+/// Most paths the host's `read-files` takes in one call.
+const MAX_BATCH: usize = 4096;
+
+/// A batched read's error as the SDK's [`ReadError`].
+fn from_wit(e: raw_hostfs::ReadError) -> ReadError {
+    match e {
+        raw_hostfs::ReadError::Missing => ReadError::Missing,
+        raw_hostfs::ReadError::Refused => {
+            ReadError::Unreadable("refused: not a plain path under /sys".into())
+        }
+        raw_hostfs::ReadError::NotAFile => ReadError::Unreadable("not a regular file".into()),
+        raw_hostfs::ReadError::TooLargeOrBinary => {
+            ReadError::Unreadable("larger than 64 KiB or not UTF-8".into())
+        }
+        raw_hostfs::ReadError::Unreadable => ReadError::Unreadable("unreadable".into()),
     }
 }
 
@@ -521,8 +637,35 @@ mod tests {
     }
 
     #[test]
+    fn batched_reads_and_listings_answer_as_single_ones() {
+        let mut fs = sysfs();
+        fs.unreadable("/sys/kernel/debug/x", "permission denied");
+        let paths = [
+            "/sys/class/drm/card0/device/vendor",
+            "/sys/nope",
+            "/sys/kernel/debug/x",
+        ]
+        .map(String::from);
+        let one: Vec<_> = paths.iter().map(|p| fs.read(p)).collect();
+        assert_eq!(fs.read_many(&paths), one);
+        assert_eq!(
+            fs.read_attrs(&paths),
+            [Some("0x8086".to_string()), None, None]
+        );
+        let listed = fs.list_with_targets("/sys/class/drm").unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].0.kind, NodeKind::Symlink);
+        assert_eq!(
+            listed[0].1,
+            fs.read_link("/sys/class/drm/card0").ok(),
+            "the target read_link gives"
+        );
+    }
+
+    #[test]
     fn host_sends_dev_to_devfs_and_the_rest_to_std_fs() {
         assert!(in_dev("/dev") && in_dev("/dev/") && in_dev("/dev/dri/card0"));
         assert!(!in_dev("/devices") && !in_dev("/sys/dev") && !in_dev("/"));
+        assert!(in_sys("/sys") && in_sys("/sys/class") && !in_sys("/system") && !in_sys("/"));
     }
 }

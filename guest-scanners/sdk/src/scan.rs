@@ -6,7 +6,7 @@
 //! failures. An error from one scan is returned as is: the host restarts the guest with backoff.
 
 use crate::config;
-use crate::types::DeviceTree;
+use crate::types::{DeviceAttributes, DeviceTree};
 
 /// The environment variable that sets the longest wait between two scans, in milliseconds.
 pub const RESCAN_INTERVAL_ENV: &str = "RESCAN_INTERVAL_MS";
@@ -25,6 +25,31 @@ pub fn rescan_interval_ms() -> Result<u32, String> {
 /// Hands a whole tree to the host (it replaces the previous one). [`run`] calls this for you.
 pub fn notify(tree: &DeviceTree) {
     crate::bindings::scanner::wdp::device_plugin::notifier::notify(tree)
+}
+
+/// Hands a whole tree to the host with typed attributes and capacities for some of its devices
+/// (contract 0.1.1), for front-ends that publish them (Dynamic Resource Allocation); the host
+/// validates them with the tree. [`run_attributed`] calls this for you.
+pub fn notify_with_attributes(tree: &DeviceTree, attributes: &[DeviceAttributes]) {
+    crate::bindings::scanner::wdp::device_plugin::notifier::notify_with_attributes(tree, attributes)
+}
+
+/// [`run`] for a scanner that describes its devices with typed attributes: `scan` returns the
+/// tree and the attributes (see [`crate::tree::attributes`]); both are notified again only when
+/// either changed.
+pub fn run_attributed(
+    mut scan: impl FnMut() -> Result<(DeviceTree, Vec<DeviceAttributes>), String>,
+) -> Result<(), String> {
+    let interval = rescan_interval_ms()?;
+    let mut last: Option<(DeviceTree, Vec<DeviceAttributes>)> = None;
+    loop {
+        let scanned = scan()?;
+        if last.as_ref() != Some(&scanned) {
+            notify_with_attributes(&scanned.0, &scanned.1);
+            last = Some(scanned);
+        }
+        crate::devfs::wait_for_change(interval);
+    }
 }
 
 /// Remembers the last tree notified and says whether a new one differs from it.

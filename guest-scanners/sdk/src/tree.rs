@@ -7,7 +7,10 @@
 
 use std::collections::HashSet;
 
-use crate::types::{Device, DeviceGroup, DeviceInfo, DeviceSpec, DeviceTree, Health, Mount};
+use crate::types::{
+    AttributeValue, Device, DeviceAttributes, DeviceGroup, DeviceInfo, DeviceSpec, DeviceTree,
+    Health, Mount,
+};
 
 impl Default for DeviceInfo {
     fn default() -> Self {
@@ -226,6 +229,60 @@ pub fn id_from_path(path: &str) -> String {
         .strip_prefix("/dev/")
         .unwrap_or_else(|| path.trim_start_matches('/'));
     sanitize_id(&rel.replace('/', "_"))
+}
+
+/// Typed attributes and capacities of one device, for [`crate::scan::notify_with_attributes`]:
+/// `attributes("gpu", "card0").text("model", "A100").capacity("memory", "80Gi").build()`.
+///
+/// Why a builder: the WIT record is lists of tuples of variants, wordy to write by hand; the
+/// host checks the names and values (qualified names, at most 32 per device, strings and
+/// versions at most 64 characters, no `resource.kubernetes.io/` names) and refuses the whole
+/// tree on a broken rule, naming the device, the attribute and the rule.
+pub fn attributes(dev_type: &str, id: &str) -> AttributesBuilder {
+    AttributesBuilder(DeviceAttributes {
+        dev_type: dev_type.to_string(),
+        id: id.to_string(),
+        attributes: Vec::new(),
+        capacities: Vec::new(),
+    })
+}
+
+/// See [`attributes`].
+#[derive(Debug, Clone)]
+pub struct AttributesBuilder(DeviceAttributes);
+
+impl AttributesBuilder {
+    fn with(mut self, name: &str, value: AttributeValue) -> Self {
+        self.0.attributes.push((name.to_string(), value));
+        self
+    }
+    /// A boolean attribute.
+    pub fn bool(self, name: &str, value: bool) -> Self {
+        self.with(name, AttributeValue::Boolean(value))
+    }
+    /// An integer attribute.
+    pub fn int(self, name: &str, value: i64) -> Self {
+        self.with(name, AttributeValue::Int(value))
+    }
+    /// A string attribute (at most 64 characters).
+    pub fn text(self, name: &str, value: &str) -> Self {
+        self.with(name, AttributeValue::Text(value.to_string()))
+    }
+    /// A semantic-version attribute (semver 2.0, e.g. "1.2.3").
+    pub fn version(self, name: &str, value: &str) -> Self {
+        self.with(name, AttributeValue::Version(value.to_string()))
+    }
+    /// A capacity, as a Kubernetes quantity ("80Gi", "2").
+    pub fn capacity(mut self, name: &str, quantity: &str) -> Self {
+        self.0
+            .capacities
+            .push((name.to_string(), quantity.to_string()));
+        self
+    }
+    /// The record for `notify-with-attributes`.
+    pub fn build(self) -> DeviceAttributes {
+        self.0
+    }
 }
 
 #[cfg(test)]

@@ -83,19 +83,23 @@ pub fn list() -> Vec<UsbDevice> {
 
 /// Every attached USB device `fs` shows, in sysfs name order: [`list`] over any [`HostFs`], so a
 /// scanner's unit tests can plug devices into a [`crate::hostfs::FakeFs`].
+///
+/// Every device's attributes are read in one batch ([`HostFs::read_attrs`]): one call to the host
+/// for the whole bus in the guest, not five per device.
 pub fn list_in(fs: &impl HostFs) -> Vec<UsbDevice> {
-    fs.names(DEVICES_DIR)
-        .into_iter()
-        .filter_map(|name| {
-            let attr = |a: &str| fs.read_attr(&format!("{DEVICES_DIR}/{name}/{a}"));
-            parse_device(
-                &name,
-                attr("idVendor").as_deref(),
-                attr("idProduct").as_deref(),
-                attr("serial").as_deref(),
-                attr("busnum").as_deref(),
-                attr("devnum").as_deref(),
-            )
+    const ATTRS: [&str; 5] = ["idVendor", "idProduct", "serial", "busnum", "devnum"];
+    let names = fs.names(DEVICES_DIR);
+    let paths: Vec<String> = names
+        .iter()
+        .flat_map(|name| ATTRS.map(|a| format!("{DEVICES_DIR}/{name}/{a}")))
+        .collect();
+    let values = fs.read_attrs(&paths);
+    names
+        .iter()
+        .zip(values.chunks(ATTRS.len()))
+        .filter_map(|(name, v)| {
+            let at = |i: usize| v.get(i).and_then(|a| a.as_deref());
+            parse_device(name, at(0), at(1), at(2), at(3), at(4))
         })
         .collect()
 }

@@ -18,6 +18,7 @@
 //! A leaf of the crate: the sandbox, the policy, the topology and the snapshot tools all build on
 //! it, and it imports none of them.
 
+pub mod batch;
 pub mod dir;
 pub mod record;
 pub mod resolve;

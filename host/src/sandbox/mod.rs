@@ -35,6 +35,7 @@ use self::output::{GuestOutput, Stream};
 use self::watch::ChangeWatcher;
 use crate::bindings;
 use crate::hostfs::DevFs;
+use crate::hostfs::batch::SysView;
 use crate::hostfs::sys::{RecordedSys, SysDir, SysReads};
 use crate::metrics::ScannerMetrics;
 
@@ -206,6 +207,8 @@ pub struct Sandbox {
     roots: Roots,
     devfs: Arc<DevFs>,
     sys_reads: Arc<dyn SysReads>,
+    /// The guests' /sys as `hostfs` reads it.
+    sys_view: Arc<SysView>,
     changes: ChangeWatcher,
 }
 
@@ -257,6 +260,11 @@ impl Sandbox {
             path: roots.sys.clone(),
             error,
         })?;
+        let sys_view =
+            SysView::open(&roots.sys, recorder.clone()).map_err(|error| SandboxError::SysRoot {
+                path: roots.sys.clone(),
+                error,
+            })?;
         let (engine, clock) = engine::new_engine().map_err(SandboxError::Engine)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
@@ -275,6 +283,7 @@ impl Sandbox {
             roots,
             devfs: Arc::new(devfs),
             sys_reads,
+            sys_view: Arc::new(sys_view),
             changes,
         }))
     }
@@ -395,6 +404,7 @@ impl Sandbox {
             table: Default::default(),
             limits,
             devfs: self.devfs.clone(),
+            sys: self.sys_view.clone(),
             changes: self.changes.subscribe(),
             sink,
             cpu: CpuBudget::new(guest.limits.call_timeout),

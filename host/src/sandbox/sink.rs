@@ -13,8 +13,14 @@ use crate::bindings::types;
 /// One method, called once per notified tree, in order. The future may wait: that back-pressures
 /// a guest that notifies faster than the host consumes, without the sandbox knowing why.
 pub trait TreeSink: Send {
-    /// Takes one tree; [`SinkClosed`] when nobody listens any more, which stops the guest.
-    fn notify(&mut self, tree: types::DeviceTree) -> BoxFuture<'_, Result<(), SinkClosed>>;
+    /// Takes one tree and the typed attributes the guest gave for its devices (none from
+    /// `notify`, a guest's list from `notify-with-attributes`); [`SinkClosed`] when nobody
+    /// listens any more, which stops the guest.
+    fn notify(
+        &mut self,
+        tree: types::DeviceTree,
+        attributes: Vec<types::DeviceAttributes>,
+    ) -> BoxFuture<'_, Result<(), SinkClosed>>;
 }
 
 /// The sink's reader is gone: the guest is stopped, since its trees would go nowhere.

@@ -1,5 +1,5 @@
 //! What one guest instance owns: its WASI context, its limits, and the host side of the WIT
-//! imports (`notifier`, `devfs`).
+//! imports (`notifier`, `devfs`, `hostfs`).
 //!
 //! A `GuestState` lives in exactly one `Store`, and a store runs exactly one instance: after a
 //! trap or a cancelled call the instance is poisoned, so the supervisor drops the whole store and
@@ -15,7 +15,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::engine::TICK;
 use super::sink::TreeSink;
-use crate::bindings::{devfs, notifier, types};
+use crate::bindings::{devfs, notifier, types, wit_hostfs};
+use crate::hostfs::batch::{self, SysView};
 use crate::hostfs::{DevFs, Node, NodeKind};
 
 /// Why the host stopped a guest (as opposed to the guest trapping on its own).
@@ -75,6 +76,8 @@ pub struct GuestState {
     pub(crate) table: ResourceTable,
     pub(crate) limits: super::limits::GuestLimiter,
     pub(crate) devfs: Arc<DevFs>,
+    /// /sys as `hostfs` reads it for the guest.
+    pub(crate) sys: Arc<SysView>,
     pub(crate) changes: watch::Receiver<u64>,
     /// Where trees go; `None` for hook instances, which have no business notifying.
     pub(crate) sink: Option<Box<dyn TreeSink>>,
@@ -158,6 +161,14 @@ impl types::Host for GuestState {}
 
 impl notifier::Host for GuestState {
     async fn notify(&mut self, tree: types::DeviceTree) -> wasmtime::Result<()> {
+        self.notify_with_attributes(tree, Vec::new()).await
+    }
+
+    async fn notify_with_attributes(
+        &mut self,
+        tree: types::DeviceTree,
+        attributes: Vec<types::DeviceAttributes>,
+    ) -> wasmtime::Result<()> {
         let _waiting = self.clock.waiting();
         self.cpu.check_in();
         let Some(sink) = &mut self.sink else {
@@ -165,7 +176,9 @@ impl notifier::Host for GuestState {
             return Ok(());
         };
         // Waiting here back-pressures a guest that notifies faster than the host consumes.
-        sink.notify(tree).await.map_err(|_| Stopped::SinkClosed)?;
+        sink.notify(tree, attributes)
+            .await
+            .map_err(|_| Stopped::SinkClosed)?;
         self.cpu.check_in();
         Ok(())
     }
@@ -218,6 +231,62 @@ impl devfs::Host for GuestState {
         self.guest.metrics.woke();
         self.cpu.check_in();
         Ok(changed)
+    }
+}
+
+impl wit_hostfs::Host for GuestState {
+    async fn list_dir(
+        &mut self,
+        path: String,
+    ) -> wasmtime::Result<Result<Vec<wit_hostfs::Entry>, String>> {
+        let _waiting = self.clock.waiting();
+        self.cpu.check_in();
+        Ok(batch::list_dir(&self.devfs, &self.sys, &path)
+            .map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|e| {
+                        let node = to_wit(e.node);
+                        wit_hostfs::Entry {
+                            name: node.name,
+                            kind: node.kind,
+                            mode: node.mode,
+                            major: node.major,
+                            minor: node.minor,
+                            link_target: e.link_target,
+                        }
+                    })
+                    .collect()
+            })
+            .map_err(|e| e.to_string()))
+    }
+
+    async fn read_files(
+        &mut self,
+        paths: Vec<String>,
+    ) -> wasmtime::Result<Result<Vec<Result<String, wit_hostfs::ReadError>>, String>> {
+        let _waiting = self.clock.waiting();
+        self.cpu.check_in();
+        Ok(self
+            .sys
+            .read_files(&paths)
+            .map(|results| {
+                results
+                    .into_iter()
+                    .map(|r| r.map_err(read_error_to_wit))
+                    .collect()
+            })
+            .map_err(|e| e.to_string()))
+    }
+}
+
+fn read_error_to_wit(e: batch::ReadError) -> wit_hostfs::ReadError {
+    match e {
+        batch::ReadError::Missing => wit_hostfs::ReadError::Missing,
+        batch::ReadError::Refused => wit_hostfs::ReadError::Refused,
+        batch::ReadError::NotAFile => wit_hostfs::ReadError::NotAFile,
+        batch::ReadError::TooLargeOrBinary => wit_hostfs::ReadError::TooLargeOrBinary,
+        batch::ReadError::Unreadable => wit_hostfs::ReadError::Unreadable,
     }
 }
 

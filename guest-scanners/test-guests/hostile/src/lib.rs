@@ -15,6 +15,10 @@
 //! * `flood`: notifies 10,000 trees (dev-type `flood`, one device `n<i>`, i = 0..9999) as fast as
 //!   it can, then returns Ok.
 //! * `notify-then-spin`: notifies one tree (dev-type `before`, device `x`), then spins.
+//! * `batch-probe`: the probes of the batched `hostfs` calls (contract 0.1.1), reported as
+//!   `probe` does: one `read-files` call over [`BATCH_READS`] (annotation `read-<i>` per path:
+//!   a path that was read `LEAKED: <excerpt>`, except `/sys/ok`, reported `read: <contents>`),
+//!   then `list-dir` of each of [`BATCH_LISTS`] (`list-<i>`, `LEAKED` when an entry comes back).
 
 use std::fmt::Display;
 use std::fs::{self, OpenOptions};
@@ -23,7 +27,7 @@ use std::io::{Read, Write};
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify};
 
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 10] = [
+pub const ATTACKS: [&str; 11] = [
     "probe",
     "memory",
     "spin",
@@ -34,6 +38,29 @@ pub const ATTACKS: [&str; 10] = [
     "bad-tree",
     "raw-out-of-bounds",
     "raw-bad-utf8",
+    "batch-probe",
+];
+
+/// The paths `batch-probe` reads in one `read-files` call: every way out of /sys a single read
+/// is refused, and `/sys/ok`, a plain attribute that must be read.
+pub const BATCH_READS: [&str; 8] = [
+    "/sys/ok",
+    "/etc/passwd",
+    "/sys/../etc/passwd",
+    "/sys/escape-abs/passwd",
+    "/sys/escape-rel/passwd",
+    "/sys/devnode",
+    "/dev/null",
+    "sys/ok",
+];
+
+/// The directories `batch-probe` lists with `list-dir`: outside /dev and /sys, or leading out.
+pub const BATCH_LISTS: [&str; 5] = [
+    "/etc",
+    "/sys/..",
+    "/sys/escape-abs",
+    "/sys/escape-rel",
+    "/dev/escape",
 ];
 
 /// Every value of `BAD` (with `ATTACK=bad-tree`): one way each to break the output policy.
@@ -317,7 +344,7 @@ pub fn bad_tree(kind: &str) -> DeviceTree {
 
 // The raw canonical-ABI import behind `notifier.notify(list<device-group>)`: (pointer, length).
 #[cfg(target_arch = "wasm32")]
-#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.0")]
+#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.1")]
 unsafe extern "C" {
     #[link_name = "notify"]
     fn raw_notify(groups: *const u8, len: usize);
@@ -340,6 +367,45 @@ fn raw_notify_attack(kind: &str) {
 
 #[cfg(not(target_arch = "wasm32"))]
 fn raw_notify_attack(_: &str) {
+    unreachable!("host imports exist only on wasm")
+}
+
+/// The `batch-probe` outcomes: (probe name, outcome), reads then listings.
+#[cfg(target_arch = "wasm32")]
+fn batch_probes() -> Vec<(String, String)> {
+    use wdp_guest::bindings::scanner::wdp::device_plugin::hostfs;
+    let paths: Vec<String> = BATCH_READS.map(String::from).to_vec();
+    let mut out = Vec::new();
+    match hostfs::read_files(&paths) {
+        Ok(results) => {
+            for (i, (path, r)) in paths.iter().zip(results).enumerate() {
+                let outcome = match r {
+                    Ok(got) if path == "/sys/ok" => format!("read: {}", clean(&got)),
+                    Ok(got) => leaked(got),
+                    Err(e) => denied(format!("{e:?}")),
+                };
+                out.push((format!("read-{i}"), outcome));
+            }
+        }
+        Err(e) => out.push(("read-files".into(), denied(e))),
+    }
+    for (i, dir) in BATCH_LISTS.iter().enumerate() {
+        let outcome = match hostfs::list_dir(dir) {
+            Ok(entries) if !entries.is_empty() => leaked(format!(
+                "{} entries, e.g. {}",
+                entries.len(),
+                entries[0].name
+            )),
+            Ok(_) => denied("empty"),
+            Err(e) => denied(e),
+        };
+        out.push((format!("list-{i}"), outcome));
+    }
+    out
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn batch_probes() -> Vec<(String, String)> {
     unreachable!("host imports exist only on wasm")
 }
 
@@ -459,6 +525,10 @@ impl wdp_guest::Scanner for Hostile {
             "probe" => {
                 let port = config::env_u32("TCP_PORT", 1, 1..=65535)? as u16;
                 notify(&report_tree(probes(port)));
+                Ok(())
+            }
+            "batch-probe" => {
+                notify(&report_tree(batch_probes()));
                 Ok(())
             }
             "memory" => memory(),

@@ -6,10 +6,14 @@
 //! A node is a path (the same in the container, `rw`) or `{"host": "/dev/x", "container":
 //! "/dev/y", "permissions": "r"}`; `"mounts": [{"host": "/a", "container": "/b", "read-only":
 //! true}]` adds mounts.
+//! Env `ATTRIBUTES` (optional): `{"<dev-type>": {"<id>": {"attributes": {"model": "A100",
+//! "ecc": true, "cores": 108, "fw": {"version": "1.2.3"}}, "capacities": {"memory": "80Gi"}}}}`:
+//! typed attributes (a JSON string, bool, integer, or `{"version": ...}`) and capacities for
+//! devices of the tree, notified with it through `notify-with-attributes` (contract 0.1.1).
 //! It notifies that tree once, then waits for the host to stop it.
 
 use wdp_guest::json::{self, Value};
-use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs};
+use wdp_guest::{DeviceAttributes, DeviceInfo, DeviceTree, TreeBuilder, config, devfs};
 
 /// Builds the tree described by `text` (the `TREE` variable).
 pub fn parse_tree(text: &str) -> Result<DeviceTree, String> {
@@ -81,6 +85,52 @@ fn device(spec: &Value) -> Result<DeviceInfo, String> {
     Ok(info)
 }
 
+/// The typed attributes described by `text` (the `ATTRIBUTES` variable).
+pub fn parse_attributes(text: &str) -> Result<Vec<DeviceAttributes>, String> {
+    let root = json::parse(text).map_err(|e| format!("ATTRIBUTES: {e}"))?;
+    let types = root
+        .as_object()
+        .ok_or("ATTRIBUTES: expected an object of dev-types")?;
+    let mut out = Vec::new();
+    for (dev_type, devices) in types {
+        let devices = devices
+            .as_object()
+            .ok_or_else(|| format!("ATTRIBUTES.{dev_type}: expected an object of devices"))?;
+        for (id, spec) in devices {
+            let mut b = wdp_guest::tree::attributes(dev_type, id);
+            let at = format!("ATTRIBUTES.{dev_type}.{id}");
+            let entries = |key: &str| spec.get(key).and_then(Value::as_object).unwrap_or_default();
+            for (name, v) in entries("attributes") {
+                b = match v {
+                    Value::Bool(x) => b.bool(name, *x),
+                    Value::String(x) => b.text(name, x),
+                    Value::Number(n) => b.int(
+                        name,
+                        n.parse()
+                            .map_err(|_| format!("{at}.{name}: not an integer"))?,
+                    ),
+                    other => {
+                        let version = other.get("version").and_then(Value::as_str);
+                        b.version(
+                            name,
+                            version.ok_or_else(|| format!("{at}.{name}: bad value"))?,
+                        )
+                    }
+                };
+            }
+            for (name, q) in entries("capacities") {
+                b = b.capacity(
+                    name,
+                    q.as_str()
+                        .ok_or_else(|| format!("{at}.{name}: not a string"))?,
+                );
+            }
+            out.push(b.build());
+        }
+    }
+    Ok(out)
+}
+
 /// The string `key` of `value`, an entry of the list `list`.
 fn field<'a>(value: &'a Value, key: &str, list: &str) -> Result<&'a str, String> {
     value
@@ -94,7 +144,11 @@ struct Static;
 impl wdp_guest::Scanner for Static {
     fn scan() -> Result<(), String> {
         let text = config::env_var("TREE").ok_or("TREE is not set")?;
-        wdp_guest::notify(&parse_tree(&text)?);
+        let tree = parse_tree(&text)?;
+        match config::env_var("ATTRIBUTES") {
+            Some(attrs) => wdp_guest::notify_with_attributes(&tree, &parse_attributes(&attrs)?),
+            None => wdp_guest::notify(&tree),
+        }
         loop {
             devfs::wait_for_change(u32::MAX);
         }
