@@ -187,13 +187,14 @@ impl ContainerResponse {
 
     /// Validates what a post-allocator returned for container `index`.
     pub fn from_wit(index: usize, r: wit::ContainerAllocateResponse) -> Result<Self, OutputError> {
-        let owner = format!("the response for container {index}");
+        // Formatted only for an error.
+        let owner = &|| format!("the response for container {index}");
         Ok(ContainerResponse {
-            envs: tree::check_envs(&owner, r.envs)?,
-            mounts: tree::check_mounts(&owner, r.mounts)?,
-            devices: tree::check_nodes(&owner, r.devices)?,
-            annotations: tree::check_annotations(&owner, r.annotations)?,
-            cdi_devices: tree::check_cdi_names(&owner, r.cdi_devices)?,
+            envs: tree::check_envs(owner, r.envs)?,
+            mounts: tree::check_mounts(owner, r.mounts)?,
+            devices: tree::check_nodes(owner, r.devices)?,
+            annotations: tree::check_annotations(owner, r.annotations)?,
+            cdi_devices: tree::check_cdi_names(owner, r.cdi_devices)?,
         })
     }
 

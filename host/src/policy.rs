@@ -51,6 +51,18 @@ impl Policy {
         groups: Vec<wit::DeviceGroup>,
         dev: &DevFs,
     ) -> Result<DeviceTree, OutputError> {
+        self.check_tree_knowing(groups, dev, &|_| false)
+    }
+
+    /// [`Policy::check_tree`], where `known` names the node paths already known to exist (and
+    /// known not to have changed since): those are not looked up again, so a tree that differs
+    /// from the last one by one device asks the dev root about that device only.
+    pub fn check_tree_knowing(
+        &self,
+        groups: Vec<wit::DeviceGroup>,
+        dev: &DevFs,
+        known: &dyn Fn(&str) -> bool,
+    ) -> Result<DeviceTree, OutputError> {
         self.check_sizes(&groups)?;
         if let Some(g) = groups
             .iter()
@@ -69,7 +81,12 @@ impl Policy {
             // An Unhealthy device is never allocated, and "its node vanished" is exactly why a
             // scanner reports one: only devices that may reach a container need their nodes.
             if info.health != Health::Unhealthy {
-                nodes.want(info.nodes.iter().map(|n| n.host_path.as_str()));
+                nodes.want(
+                    info.nodes
+                        .iter()
+                        .map(|n| n.host_path.as_str())
+                        .filter(|p| !known(p)),
+                );
             }
         }
         nodes.check(|path| {

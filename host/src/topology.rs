@@ -33,6 +33,28 @@ pub struct Topology {
     known: Mutex<HashMap<DeviceNumber, (PathBuf, BTreeSet<u32>)>>,
 }
 
+/// Answers about device nodes kept between calls of [`Topology::fill_remembering`] by whoever
+/// knows when a node changes (the validation stage, which watches the dev root).
+pub trait NumaMemo {
+    /// The answer for the node at guest path `path`, if one is remembered: `Some(None)` when the
+    /// node has no readable affinity.
+    fn recall(&self, path: &str) -> Option<&Option<BTreeSet<u32>>>;
+
+    /// The answer just looked up for the node at `path` (not a symlink).
+    fn remember(&mut self, path: &str, numa: &Option<BTreeSet<u32>>);
+}
+
+/// Remembers nothing: every call looks every node up.
+struct Forgetful;
+
+impl NumaMemo for Forgetful {
+    fn recall(&self, _: &str) -> Option<&Option<BTreeSet<u32>>> {
+        None
+    }
+
+    fn remember(&mut self, _: &str, _: &Option<BTreeSet<u32>>) {}
+}
+
 /// `(class, major, minor)`: what `<sys>/dev/{class}/MAJ:MIN` is keyed by.
 type DeviceNumber = (&'static str, u32, u32);
 
@@ -104,31 +126,50 @@ impl Topology {
     /// known. Lookups are shared within one call: a node many devices share (a KubeVirt-style
     /// slot device) is resolved once.
     pub fn fill(&self, tree: &mut DeviceTree, dev: &DevFs) {
+        self.fill_remembering(tree, dev, &mut Forgetful);
+    }
+
+    /// [`Topology::fill`], asking `memo` first: a node it has an answer for is not looked up, and
+    /// every node looked up (that is not a symlink, whose target may change elsewhere) is handed
+    /// to it. A tree that differs from the last one by one device then costs one lookup.
+    pub fn fill_remembering(&self, tree: &mut DeviceTree, dev: &DevFs, memo: &mut dyn NumaMemo) {
         let wanted = tree
             .0
             .values()
             .flat_map(|g| g.values())
             .filter(|info| info.numa_nodes.is_none())
-            .flat_map(|info| info.nodes.iter().map(|n| n.host_path.as_str()));
+            .flat_map(|info| info.nodes.iter().map(|n| n.host_path.as_str()))
+            .filter(|path| memo.recall(path).is_none());
         // Grouped by directory, so each directory is opened once for all its nodes.
         let mut by_dir: HashMap<&str, Vec<&str>> = HashMap::new();
         for path in wanted {
             let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
             by_dir.entry(dir).or_default().push(name);
         }
-        let mut known: HashMap<String, Result<BTreeSet<u32>, TopologyError>> = HashMap::new();
+        let mut looked_up: HashMap<String, Option<BTreeSet<u32>>> = HashMap::new();
         for (dir, mut names) in by_dir {
             names.sort_unstable();
             names.dedup();
             for (name, node) in names.iter().zip(dev.stat_in(dir, &names)) {
                 let path = format!("{dir}/{name}");
+                let plain = node.as_ref().is_ok_and(|n| n.kind != NodeKind::Symlink);
                 let numa = node
                     .map_err(|e| TopologyError::Node {
                         path: path.clone(),
                         cause: e.to_string(),
                     })
                     .and_then(|node| self.numa_of(&path, node, dev));
-                known.insert(path, numa);
+                let numa = match numa {
+                    Ok(ids) => Some(ids),
+                    Err(e) => {
+                        tracing::debug!(node = %path, error = %e, "no NUMA affinity for this node");
+                        None
+                    }
+                };
+                if plain {
+                    memo.remember(&path, &numa);
+                }
+                looked_up.insert(path, numa);
             }
         }
         for info in tree.0.values_mut().flat_map(|g| g.values_mut()) {
@@ -138,18 +179,14 @@ impl Topology {
             let mut numa = BTreeSet::new();
             let mut complete = true;
             for node in &info.nodes {
-                match known.get(&node.host_path) {
-                    Some(Ok(ids)) => numa.extend(ids.iter().copied()),
+                let path = node.host_path.as_str();
+                match looked_up.get(path).or_else(|| memo.recall(path)) {
+                    Some(Some(ids)) => numa.extend(ids.iter().copied()),
                     _ => complete = false,
                 }
             }
             if complete && !numa.is_empty() {
                 info.numa_nodes = Some(numa.into_iter().collect());
-            }
-        }
-        for (path, result) in &known {
-            if let Err(e) = result {
-                tracing::debug!(node = %path, error = %e, "no NUMA affinity for this node");
             }
         }
     }

@@ -7,6 +7,7 @@
 //! sees a validated [`DeviceTree`].
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use serde::Serialize;
 
@@ -326,11 +327,16 @@ impl DeviceTree {
                     });
                 }
                 let info = DeviceInfo::from_guest(&device.id, device.info)?;
-                if devices.insert(device.id.clone(), info).is_some() {
-                    return Err(OutputError::DuplicateDeviceId {
-                        dev_type: group.dev_type,
-                        value: device.id,
-                    });
+                match devices.entry(device.id) {
+                    Entry::Vacant(slot) => {
+                        slot.insert(info);
+                    }
+                    Entry::Occupied(taken) => {
+                        return Err(OutputError::DuplicateDeviceId {
+                            dev_type: group.dev_type,
+                            value: taken.key().clone(),
+                        });
+                    }
                 }
             }
             if tree.contains_key(&group.dev_type) {
@@ -368,7 +374,9 @@ impl DeviceTree {
 
 impl DeviceInfo {
     fn from_guest(id: &str, info: wit::DeviceInfo) -> Result<Self, OutputError> {
-        let owner = format!("device {id:?}");
+        // Only an error names the device: formatting it for each of 10,000 devices cost more
+        // than the checks.
+        let owner = &|| format!("device {id:?}");
         let numa_nodes = info.numa_nodes.map(|mut n| {
             n.sort_unstable();
             n.dedup();
@@ -379,12 +387,12 @@ impl DeviceInfo {
                 wit::Health::Healthy => Health::Healthy,
                 wit::Health::Unhealthy => Health::Unhealthy,
             },
-            nodes: check_nodes(&owner, info.nodes)?,
-            mounts: check_mounts(&owner, info.mounts)?,
-            envs: check_envs(&owner, info.envs)?,
-            annotations: check_annotations(&owner, info.annotations)?,
+            nodes: check_nodes(owner, info.nodes)?,
+            mounts: check_mounts(owner, info.mounts)?,
+            envs: check_envs(owner, info.envs)?,
+            annotations: check_annotations(owner, info.annotations)?,
             numa_nodes,
-            cdi_devices: check_cdi_names(&owner, info.cdi_devices)?,
+            cdi_devices: check_cdi_names(owner, info.cdi_devices)?,
             attributes: Attributes::default(),
         })
     }
@@ -392,7 +400,7 @@ impl DeviceInfo {
 
 /// Device nodes: normalised absolute paths, host path under /dev, permissions from "rwm".
 pub(crate) fn check_nodes(
-    owner: &str,
+    owner: &dyn Fn() -> String,
     nodes: Vec<wit::DeviceSpec>,
 ) -> Result<Vec<DeviceSpec>, OutputError> {
     nodes
@@ -402,13 +410,13 @@ pub(crate) fn check_nodes(
             check_path(owner, "host path", &node.host_path)?;
             if node.host_path != "/dev" && !node.host_path.starts_with("/dev/") {
                 return Err(OutputError::NodeOutsideDev {
-                    owner: owner.into(),
+                    owner: owner(),
                     value: node.host_path,
                 });
             }
             if !is_permissions(&node.permissions) {
                 return Err(OutputError::Permissions {
-                    owner: owner.into(),
+                    owner: owner(),
                     value: node.permissions,
                 });
             }
@@ -423,7 +431,7 @@ pub(crate) fn check_nodes(
 
 /// Mounts: normalised absolute paths on both sides.
 pub(crate) fn check_mounts(
-    owner: &str,
+    owner: &dyn Fn() -> String,
     mounts: Vec<wit::Mount>,
 ) -> Result<Vec<Mount>, OutputError> {
     mounts
@@ -442,20 +450,20 @@ pub(crate) fn check_mounts(
 
 /// Env names: POSIX names, each once.
 pub(crate) fn check_envs(
-    owner: &str,
+    owner: &dyn Fn() -> String,
     envs: Vec<(String, String)>,
 ) -> Result<BTreeMap<String, String>, OutputError> {
     let mut out = BTreeMap::new();
     for (key, value) in envs {
         if !is_env_name(&key) {
             return Err(OutputError::EnvName {
-                owner: owner.into(),
+                owner: owner(),
                 value: key,
             });
         }
         if out.insert(key.clone(), value).is_some() {
             return Err(OutputError::DuplicateKey {
-                owner: owner.into(),
+                owner: owner(),
                 what: "env",
                 value: key,
             });
@@ -466,20 +474,20 @@ pub(crate) fn check_envs(
 
 /// Annotation keys: non-empty, bounded, each once.
 pub(crate) fn check_annotations(
-    owner: &str,
+    owner: &dyn Fn() -> String,
     annotations: Vec<(String, String)>,
 ) -> Result<BTreeMap<String, String>, OutputError> {
     let mut out = BTreeMap::new();
     for (key, value) in annotations {
         if !is_annotation_key(&key) {
             return Err(OutputError::AnnotationKey {
-                owner: owner.into(),
+                owner: owner(),
                 value: key,
             });
         }
         if out.insert(key.clone(), value).is_some() {
             return Err(OutputError::DuplicateKey {
-                owner: owner.into(),
+                owner: owner(),
                 what: "annotation",
                 value: key,
             });
@@ -489,22 +497,29 @@ pub(crate) fn check_annotations(
 }
 
 /// CDI device names: fully qualified.
-pub(crate) fn check_cdi_names(owner: &str, names: Vec<String>) -> Result<Vec<String>, OutputError> {
+pub(crate) fn check_cdi_names(
+    owner: &dyn Fn() -> String,
+    names: Vec<String>,
+) -> Result<Vec<String>, OutputError> {
     if let Some(bad) = names.iter().find(|n| !is_cdi_name(n)) {
         return Err(OutputError::CdiName {
-            owner: owner.into(),
+            owner: owner(),
             value: bad.clone(),
         });
     }
     Ok(names)
 }
 
-fn check_path(owner: &str, what: &'static str, path: &str) -> Result<(), OutputError> {
+fn check_path(
+    owner: &dyn Fn() -> String,
+    what: &'static str,
+    path: &str,
+) -> Result<(), OutputError> {
     if is_normal_absolute_path(path) {
         Ok(())
     } else {
         Err(OutputError::Path {
-            owner: owner.to_string(),
+            owner: owner(),
             what,
             value: path.to_string(),
         })
