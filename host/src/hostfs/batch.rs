@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, FileType, FileTypeExt, MetadataExt};
+use cap_std::fs::Dir;
 
 use super::record::{Access, Recorder};
 use super::{DevFs, DevfsError, MAX_DIR_ENTRIES, MAX_PATH, Node, NodeKind};
@@ -160,26 +160,17 @@ impl SysView {
             let Ok(meta) = dir.symlink_metadata(&name) else {
                 continue;
             };
-            let kind = kind_of(meta.file_type());
-            let link_target = if kind == NodeKind::Symlink {
-                self.note(&rel.join(&name), Access::ReadLink);
-                dir.read_link_contents(&name)
+            let node = super::dir::node(name, &meta);
+            let link_target = if node.kind == NodeKind::Symlink {
+                self.note(&rel.join(&node.name), Access::ReadLink);
+                dir.read_link_contents(&node.name)
                     .ok()
                     .map(|t| t.to_string_lossy().into_owned())
             } else {
                 None
             };
-            self.note(&rel.join(&name), Access::Stat { follow: false });
-            entries.push(Entry {
-                node: Node {
-                    name,
-                    kind,
-                    major: 0,
-                    minor: 0,
-                    mode: meta.mode() & 0o7777,
-                },
-                link_target,
-            });
+            self.note(&rel.join(&node.name), Access::Stat { follow: false });
+            entries.push(Entry { node, link_target });
         }
         entries.sort_by(|a, b| a.node.name.cmp(&b.node.name));
         Ok(entries)
@@ -272,22 +263,6 @@ fn sys_to_relative(path: &str) -> Option<PathBuf> {
         return None;
     }
     Some(PathBuf::from(rest))
-}
-
-fn kind_of(ft: FileType) -> NodeKind {
-    if ft.is_symlink() {
-        NodeKind::Symlink
-    } else if ft.is_dir() {
-        NodeKind::Directory
-    } else if ft.is_char_device() {
-        NodeKind::CharDevice
-    } else if ft.is_block_device() {
-        NodeKind::BlockDevice
-    } else if ft.is_file() {
-        NodeKind::File
-    } else {
-        NodeKind::Other
-    }
 }
 
 fn map_io(path: &str, e: io::Error) -> BatchError {

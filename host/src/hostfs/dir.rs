@@ -90,7 +90,8 @@ impl DevReads for HostDir {
     }
 }
 
-fn node(name: String, meta: &Metadata) -> Node {
+/// One listed entry as the guest sees it (also what `batch`'s listings carry).
+pub(super) fn node(name: String, meta: &Metadata) -> Node {
     let kind = kind_of(meta.file_type());
     let (major, minor) = if matches!(kind, NodeKind::CharDevice | NodeKind::BlockDevice) {
         let rdev = meta.rdev();
