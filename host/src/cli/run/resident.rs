@@ -4,9 +4,9 @@
 //! parsing, the compile cache's checks, linking, instantiation and, on a first start, the whole
 //! compiler. Each touched page of the binary, its shared libraries and the compiled components
 //! stays mapped into the process (and counted in its resident memory) for as long as it runs,
-//! in 64 KiB fault-around windows, and glibc keeps what the blocking pool's threads freed in their
-//! arenas. An idle host with the 12 bundled scanners held about 13 MiB of its binary's pages
-//! that way (bench/NOTES.md).
+//! with its neighbours (the kernel maps page-cache folios, up to 2 MiB, whole), and glibc keeps
+//! what the blocking pool's threads freed in their arenas. An idle host with the 12 bundled
+//! scanners held 19 of its 31 MiB as the binary's pages that way (bench/NOTES.md).
 //!
 //! [`release`] returns both: the heap's free pages (`malloc_trim`), and every page of a
 //! read-only, private file mapping that holds nothing but the file's own bytes. Such a page is
