@@ -300,6 +300,16 @@ fn health_of(inventory: &Inventory) -> health_v1::NodeWatchResourcesResponse {
 /// wire and differ only in their Rust paths.
 macro_rules! dra_plugin_version {
     ($version:ident) => {
+        impl From<crate::proto::$version::Claim> for ClaimRef {
+            fn from(c: crate::proto::$version::Claim) -> Self {
+                ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                }
+            }
+        }
+
         #[tonic::async_trait]
         impl<C: ClaimSource> crate::proto::$version::dra_plugin_server::DraPlugin
             for DraService<C>
@@ -314,11 +324,7 @@ macro_rules! dra_plugin_version {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        uid: c.uid,
-                        name: c.name,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let claims = self
                     .prepare(claims)
@@ -359,11 +365,7 @@ macro_rules! dra_plugin_version {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        uid: c.uid,
-                        name: c.name,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let claims = self
                     .unprepare(claims)

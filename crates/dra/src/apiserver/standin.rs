@@ -18,7 +18,8 @@
 //!   Expired Status; DELETED events carry the deletion's resourceVersion; BOOKMARK events with
 //!   `allowWatchBookmarks=true` (how often: [`Options::bookmarks`]); the watch ends at
 //!   `timeoutSeconds` ([`ApiServerStandIn::end_watches`] ends them all at once); the answer is
-//!   chunked, one JSON event a line;
+//!   chunked, one JSON event a line; a test can make open watches miss events
+//!   ([`ApiServerStandIn::lose_watch_events`]);
 //! - `generateName`: the prefix cut to 58 bytes and five characters of the API server's name
 //!   alphabet appended;
 //! - nodes: `GET /api/v1/nodes/NAME` ([`ApiServerStandIn::insert_node`]);
@@ -139,6 +140,9 @@ struct State {
     /// Watches from a resourceVersion below this get 410 Gone.
     compacted: u64,
     watchers: Vec<Watcher>,
+    /// While set, changes reach no open watch (events lost on the way): only a new list, or a
+    /// watch started afterwards, shows them.
+    muted: bool,
     watcher_ids: u64,
     bookmarks: Option<std::time::Duration>,
     /// List calls on slices, watch calls, and requests refused for their token.
@@ -180,6 +184,9 @@ impl State {
             .unwrap_or(self.version);
         let line = event_line(kind, slice);
         self.history.push((version, slice.clone(), line.clone()));
+        if self.muted {
+            return;
+        }
         self.watchers.retain(|w| {
             !selected(slice, &w.node, &w.driver) || w.events.send(line.clone()).is_ok()
         });
@@ -322,6 +329,13 @@ impl ApiServerStandIn {
     /// restarts; the events already sent are still delivered.
     pub fn end_watches(&self) {
         lock(&self.state).watchers.clear();
+    }
+
+    /// While `lost` is true, slice changes are stored but no open watch hears of them, as if
+    /// the events were lost between the API server and its clients: what a client's periodic
+    /// re-list is for.
+    pub fn lose_watch_events(&self, lost: bool) {
+        lock(&self.state).muted = lost;
     }
 
     /// Stores `node` (given a UID if it has none) and serves it at `/api/v1/nodes/NAME`.
