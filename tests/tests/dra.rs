@@ -265,8 +265,8 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     let again = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
     let repeated = repeated.elapsed();
     assert_eq!(again, answer, "prepared twice, one answer");
-    // Informative, printed with --nocapture: the stand-in connects per call (kubelet keeps one
-    // connection per driver), so this is an upper bound of Prepare's own time.
+    // Informative, printed with --nocapture: the first call includes the stand-in's connecting
+    // (it keeps one connection per driver after, as kubelet does).
     eprintln!(
         "wdp run start to slices published: {published_after:?}; Prepare: {first:?} first, {repeated:?} repeated (checkpointed)"
     );

@@ -11,7 +11,8 @@
 //!   `NotifyRegistrationStatus`; a socket bound again (another inode) is registered again, a
 //!   socket removed deregisters the driver;
 //! - it calls `NodePrepareResources` and `NodeUnprepareResources` on the endpoint the driver
-//!   gave, with kubelet's 45 s timeout, through the service version it picked, and opens the
+//!   gave, over one connection per driver kept until the driver registers again, with kubelet's
+//!   45 s timeout, through the service version it picked, and opens the
 //!   `NodeWatchResources` health stream of a driver that advertised `v1.DRAResourceHealth`;
 //! - 30 s after a driver is gone (its registration socket removed) and not back, it deletes the
 //!   driver's slices on its node (`defaultWipingDelay` in `pkg/kubelet/cm/dra/manager.go`, the
@@ -103,6 +104,8 @@ struct State {
     wipes: Vec<JoinHandle<()>>,
     /// The claims prepared for pods, by (namespace, name): kubelet's claim info cache.
     claims: BTreeMap<(String, String), ClaimInfo>,
+    /// One connection per registered driver, as kubelet keeps (dropped when it registers again).
+    channels: BTreeMap<String, Channel>,
 }
 
 /// What kubelet keeps of a claim it prepared (`ClaimInfo` of `pkg/kubelet/cm/dra/claiminfo.go`).
@@ -454,6 +457,19 @@ impl KubeletStandIn {
             .unwrap_or(0)
     }
 
+    /// The driver's connection: the one already open, or a new one kept for the next calls.
+    async fn channel(&self, driver: &str) -> Result<(Registered, Channel), tonic::Status> {
+        let plugin = self.driver(driver)?;
+        if let Some(channel) = lock(&self.state).channels.get(driver) {
+            return Ok((plugin, channel.clone()));
+        }
+        let channel = connect(&plugin.endpoint).await?;
+        lock(&self.state)
+            .channels
+            .insert(driver.to_owned(), channel.clone());
+        Ok((plugin, channel))
+    }
+
     fn driver(&self, driver: &str) -> Result<Registered, tonic::Status> {
         lock(&self.state)
             .drivers
@@ -471,8 +487,7 @@ impl KubeletStandIn {
         driver: &str,
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, dra_v1::NodePrepareResourceResponse>, tonic::Status> {
-        let plugin = self.driver(driver)?;
-        let channel = connect(&plugin.endpoint).await?;
+        let (plugin, channel) = self.channel(driver).await?;
         let claims: Vec<dra_v1::Claim> = claims.iter().map(v1_claim).collect();
         if plugin.version == DRA_V1 {
             let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(channel);
@@ -540,8 +555,7 @@ impl KubeletStandIn {
         driver: &str,
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, String>, tonic::Status> {
-        let plugin = self.driver(driver)?;
-        let channel = connect(&plugin.endpoint).await?;
+        let (plugin, channel) = self.channel(driver).await?;
         let claims: Vec<dra_v1::Claim> = claims.iter().map(v1_claim).collect();
         if plugin.version == DRA_V1 {
             let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(channel);
@@ -805,6 +819,7 @@ async fn watch(registry: PathBuf, state: Arc<Mutex<State>>, wiper: Wiper) {
             let mut s = lock(&state);
             s.seen.remove(&path);
             let driver = driver_of(&path);
+            s.channels.remove(&driver);
             if s.drivers.remove(&driver).is_some() {
                 let departure = s.departures.entry(driver.clone()).or_default();
                 *departure += 1;
@@ -887,6 +902,7 @@ async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status
         .await?;
     let mut s = lock(state);
     *s.registrations.entry(info.name.clone()).or_default() += 1;
+    s.channels.remove(&info.name);
     if let (None, Some(version)) = (refusal, version) {
         s.drivers.insert(
             info.name,

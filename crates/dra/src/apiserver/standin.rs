@@ -140,6 +140,9 @@ struct State {
     /// Watches from a resourceVersion below this get 410 Gone.
     compacted: u64,
     watchers: Vec<Watcher>,
+    /// Counts slice changes, for in-process observers that must not poll
+    /// ([`ApiServerStandIn::changes`]).
+    changes: tokio::sync::watch::Sender<u64>,
     /// While set, changes reach no open watch (events lost on the way): only a new list, or a
     /// watch started afterwards, shows them.
     muted: bool,
@@ -184,6 +187,7 @@ impl State {
             .unwrap_or(self.version);
         let line = event_line(kind, slice);
         self.history.push((version, slice.clone(), line.clone()));
+        self.changes.send_modify(|n| *n += 1);
         if self.muted {
             return;
         }
@@ -329,6 +333,13 @@ impl ApiServerStandIn {
     /// restarts; the events already sent are still delivered.
     pub fn end_watches(&self) {
         lock(&self.state).watchers.clear();
+    }
+
+    /// A receiver that is marked changed at every slice change (create, update, delete, wipe):
+    /// how a benchmark times a change reaching the API server without polling or a watch's HTTP
+    /// in between.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        lock(&self.state).changes.subscribe()
     }
 
     /// While `lost` is true, slice changes are stored but no open watch hears of them, as if
