@@ -12,13 +12,12 @@ use k8s_openapi::api::core::v1::{
     PodStatus, ResourceRequirements,
 };
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
-    DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim,
-    ResourceClaimConsumerReference, ResourceClaimSpec, ResourceClaimStatus,
+    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
+    ResourceClaimSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use wdp_dra::apiserver::standin::{ApiServerStandIn, validate};
+use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim, validate};
 use wdp_dra::kubelet::{KubeletStandIn, Options as KubeletOptions, PodError};
 use wdp_dra::plugin::ClaimRef;
 use wdp_dra::proto::dra_v1;
@@ -78,6 +77,38 @@ node:
     ))
 }
 
+/// A fixture with /dev/kvm, kubelet's directories in it, the API server stand-in and
+/// [`config`]'s file.
+async fn setup() -> (Fixture, KubeletDirs, ApiServerStandIn, PathBuf) {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    (f, dirs, api, config)
+}
+
+/// `wdp run` of `config` beside a DRA kubelet (started with `options`) and a device-plugin
+/// kubelet, until the driver is registered and kvm-0 and kvm-1 are published.
+async fn serve_registered(
+    f: &Fixture,
+    dirs: &KubeletDirs,
+    api: &ApiServerStandIn,
+    config: &Path,
+    options: KubeletOptions,
+) -> (KubeletStandIn, wdp_kubelet::standin::StandIn, Seen, Host) {
+    let kubelet = KubeletStandIn::start_with(&dirs.registry, api, NODE, options);
+    let (dp_kubelet, seen, host) = wdp_tests::host::serve(f, config, &f.plugin_dir());
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    until_published(api, &["kvm-0", "kvm-1"]).await;
+    (kubelet, dp_kubelet, seen, host)
+}
+
 /// The (pool, device) names of the driver's slices on the node, sorted; every slice valid by
 /// the API server's rules.
 fn published(api: &ApiServerStandIn) -> Vec<(String, String)> {
@@ -130,30 +161,7 @@ async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
 
 /// A claim as the scheduler leaves it: `request` allocated `device` of this driver's pool.
 fn allocated(name: &str, request: &str, device: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        driver: DRIVER.into(),
-                        pool: NODE.into(),
-                        device: device.into(),
-                        request: request.into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
+    allocated_claim("default", name, DRIVER, NODE, &[(request, device)])
 }
 
 fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
@@ -187,19 +195,13 @@ fn resolve_cdi(dir: &Path, name: &str) -> Option<serde_json::Value> {
 /// the same config served as before throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
+    let (f, dirs, api, config) = setup().await;
     f.char_dev("net/tun", 10, 200);
     // /dev/kvm's sysfs device sits below a PCI function: its placement reaches the slices.
     let function = f.pci_device("0000:00:1f.0", &[]);
     f.sys_dir(&format!("{function}/misc/kvm"));
     f.sys_dir("dev/char");
     f.sys_link("dev/char/10:232", &format!("../../{function}/misc/kvm"));
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
     let plugins = f.plugin_dir();
     let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
     let started = Instant::now();
@@ -373,13 +375,7 @@ async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, Stri
 /// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_on_readyz() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let kubelet = KubeletStandIn::start_refusing(
         &dirs.registry,
         &api,
@@ -427,22 +423,10 @@ async fn not_ready_for(
 /// again; a reload breaking a DRA rule (no CDI) is refused and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_adds_and_removes_dra_scanners() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let full = std::fs::read_to_string(&config).unwrap();
-    let plugins = f.plugin_dir();
-    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
-    let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
-    kubelet
-        .registered(DRIVER, Duration::from_secs(20))
-        .await
-        .expect("registered");
-    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    let (kubelet, dp_kubelet, mut seen, host) =
+        serve_registered(&f, &dirs, &api, &config, KubeletOptions::default()).await;
     seen.devices("net.example.com/kvm", &["kvm-0"]).await;
     let reg_socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
 
@@ -509,13 +493,7 @@ async fn reload_adds_and_removes_dra_scanners() {
 /// serves nothing and keeps the host not ready with why; the device-plugin scanner is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_without_its_api_server_is_on_readyz() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let text = std::fs::read_to_string(&config).unwrap();
     let in_cluster = text.replace(&format!("http://{}", api.addr()), "in-cluster");
     assert_ne!(in_cluster, text);
@@ -588,52 +566,38 @@ fn scheduler_claim(name: &str, reserved_for: &str) -> ResourceClaim {
         }),
         ..Default::default()
     };
-    let result = |request: &str, device: &str| DeviceRequestAllocationResult {
-        driver: DRIVER.into(),
-        pool: NODE.into(),
-        device: device.into(),
-        request: request.into(),
-        ..Default::default()
-    };
-    ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".into()),
-            name: Some(name.into()),
-            annotations: Some(BTreeMap::from([(
-                "resource.kubernetes.io/extended-resource-claim".into(),
-                "true".into(),
-            )])),
-            ..Default::default()
-        },
-        spec: Some(ResourceClaimSpec {
-            devices: Some(DeviceClaim {
-                requests: Some(vec![
-                    request("container-0-request-0"),
-                    request("container-1-request-0"),
-                ]),
-                ..Default::default()
-            }),
-        }),
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![
-                        result("container-0-request-0", "kvm-0"),
-                        result("container-1-request-0", "kvm-1"),
-                    ]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            reserved_for: Some(vec![ResourceClaimConsumerReference {
-                resource: "pods".into(),
-                name: "vm-pair".into(),
-                uid: reserved_for.into(),
-                ..Default::default()
-            }]),
+    let mut claim = allocated_claim(
+        "default",
+        name,
+        DRIVER,
+        NODE,
+        &[
+            ("container-0-request-0", "kvm-0"),
+            ("container-1-request-0", "kvm-1"),
+        ],
+    );
+    claim.metadata.annotations = Some(BTreeMap::from([(
+        "resource.kubernetes.io/extended-resource-claim".into(),
+        "true".into(),
+    )]));
+    claim.spec = Some(ResourceClaimSpec {
+        devices: Some(DeviceClaim {
+            requests: Some(vec![
+                request("container-0-request-0"),
+                request("container-1-request-0"),
+            ]),
             ..Default::default()
         }),
+    });
+    if let Some(status) = claim.status.as_mut() {
+        status.reserved_for = Some(vec![ResourceClaimConsumerReference {
+            resource: "pods".into(),
+            name: "vm-pair".into(),
+            uid: reserved_for.into(),
+            ..Default::default()
+        }]);
     }
+    claim
 }
 
 /// KEP-5004 end to end: a pod whose two containers each ask `limits: devices.example.com/kvm: 1`
@@ -644,21 +608,10 @@ fn scheduler_claim(name: &str, reserved_for: &str) -> ResourceClaim {
 /// reserved for another pod is refused; the pod's claim is unprepared when it goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_asking_for_an_extended_resource_gets_each_container_its_own_devices() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let plugins = f.plugin_dir();
-    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
-    let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
-    kubelet
-        .registered(DRIVER, Duration::from_secs(20))
-        .await
-        .expect("registered");
-    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    let (kubelet, dp_kubelet, mut seen, host) =
+        serve_registered(&f, &dirs, &api, &config, KubeletOptions::default()).await;
 
     // Reserved for another pod: kubelet refuses before calling the driver.
     api.insert_claim(scheduler_claim("vm-pair-other", "another-pod"));
@@ -746,25 +699,14 @@ async fn a_pod_asking_for_an_extended_resource_gets_each_container_its_own_devic
 /// while the watch hears nothing of it come back through the periodic re-list (10 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_come_back_after_kubelet_wipes_them_and_after_a_lost_watch_event() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let plugins = f.plugin_dir();
     let options = KubeletOptions {
         wiping_delay: Duration::from_millis(300),
         ..KubeletOptions::default()
     };
-    let kubelet = KubeletStandIn::start_with(&dirs.registry, &api, NODE, options.clone());
-    let (dp_kubelet, seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
-    kubelet
-        .registered(DRIVER, Duration::from_secs(20))
-        .await
-        .expect("registered");
-    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    let (kubelet, dp_kubelet, seen, host) =
+        serve_registered(&f, &dirs, &api, &config, options.clone()).await;
 
     // wdp stops: its sockets go, kubelet deregisters the driver and wipes its slices.
     assert!(host.terminate().await.success());

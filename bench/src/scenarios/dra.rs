@@ -12,13 +12,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use wdp_bench::fixtures::{BenchFixture, generic_devices, scanner_yaml};
-use wdp_dra::apiserver::standin::ApiServerStandIn;
+use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim};
 use wdp_dra::kubelet::KubeletStandIn;
 use wdp_dra::plugin::ClaimRef;
 
@@ -59,34 +54,6 @@ async fn until_published(api: &ApiServerStandIn, want: &[&str], what: &str) -> R
             .await
             .with_context(|| format!("{what}: not in the slices within 30 s"))?
             .context("the API server stand-in stopped")?;
-    }
-}
-
-/// A claim as the scheduler leaves it: one request allocated `device` of the node's pool.
-fn claim(name: &str, device: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        driver: DRIVER.into(),
-                        pool: NODE.into(),
-                        device: device.into(),
-                        request: "serial".into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
     }
 }
 
@@ -157,7 +124,9 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let warmup = calls / 10;
     let (mut fresh, mut repeated) = (Vec::new(), Vec::new());
     for i in 0..(calls + warmup) {
-        let stored = api.insert_claim(claim(&format!("bench-{i}"), &device));
+        let name = format!("bench-{i}");
+        let claim = allocated_claim("default", &name, DRIVER, NODE, &[("serial", &device)]);
+        let stored = api.insert_claim(claim);
         let reference = ClaimRef {
             namespace: "default".into(),
             uid: stored.metadata.uid.clone().unwrap_or_default(),

@@ -121,6 +121,19 @@ struct ClaimInfo {
     prepared: bool,
 }
 
+impl ClaimInfo {
+    /// Adds the claim `namespace/name` to the call of each of its drivers.
+    fn batch(&self, batches: &mut BTreeMap<String, Vec<ClaimRef>>, namespace: &str, name: &str) {
+        for driver in &self.drivers {
+            batches.entry(driver.clone()).or_default().push(ClaimRef {
+                namespace: namespace.to_owned(),
+                uid: self.uid.clone(),
+                name: name.to_owned(),
+            });
+        }
+    }
+}
+
 /// Why a pod's claims could not be prepared or unprepared: kubelet's reasons, reported with the
 /// pod.
 #[derive(Debug, thiserror::Error)]
@@ -332,13 +345,7 @@ impl KubeletStandIn {
                 if info.prepared {
                     continue;
                 }
-                for driver in &info.drivers {
-                    batches.entry(driver.clone()).or_default().push(ClaimRef {
-                        namespace: namespace.clone(),
-                        uid: uid.clone(),
-                        name: name.clone(),
-                    });
-                }
+                info.batch(&mut batches, &namespace, name);
             }
         }
         let mut answered: BTreeMap<(String, String), Vec<dra_v1::Device>> = BTreeMap::new();
@@ -402,13 +409,7 @@ impl KubeletStandIn {
                     info.pods.remove(&pod_uid);
                     continue;
                 }
-                for driver in &info.drivers {
-                    batches.entry(driver.clone()).or_default().push(ClaimRef {
-                        namespace: namespace.clone(),
-                        uid: info.uid.clone(),
-                        name: name.clone(),
-                    });
-                }
+                info.batch(&mut batches, &namespace, &name);
                 done.push(key);
             }
         }

@@ -413,6 +413,50 @@ impl ApiServerStandIn {
     }
 }
 
+/// A claim as the scheduler leaves it, for [`ApiServerStandIn::insert_claim`]: `namespace/name`
+/// with an allocation of `results`, each (request, device) of `driver`'s pool `pool`; no spec,
+/// reserved for nobody (a test adds what its case needs).
+pub fn allocated_claim(
+    namespace: &str,
+    name: &str,
+    driver: &str,
+    pool: &str,
+    results: &[(&str, &str)],
+) -> ResourceClaim {
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+        ResourceClaimStatus,
+    };
+    let results = results
+        .iter()
+        .map(|(request, device)| DeviceRequestAllocationResult {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: (*device).into(),
+            request: (*request).into(),
+            ..Default::default()
+        })
+        .collect();
+    ResourceClaim {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
 fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Answer {
     let body = json!({
         "kind": "Status",
