@@ -971,6 +971,147 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_gone_driver_loses_its_slices_after_the_delay_unless_it_comes_back() {
+        let api = ApiServerStandIn::start().await.unwrap();
+        let pool = crate::seam::Pool {
+            name: "node-a".into(),
+            node_name: "node-a".into(),
+            devices: vec![crate::seam::Device {
+                id: "gpu-0".into(),
+                dev_type: "gpu".into(),
+                healthy: true,
+                ..Default::default()
+            }],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("plugins_registry");
+        let options = Options {
+            wiping_delay: Duration::from_millis(2000),
+            ..Options::default()
+        };
+        let _back = plugin(&registry, PLUGIN_TYPE, "back.example.com", &[DRA_V1]);
+        let kubelet = KubeletStandIn::start_with(&registry, &api, "node-a", options);
+        let within = Duration::from_secs(5);
+        kubelet
+            .registered("back.example.com", within)
+            .await
+            .unwrap();
+        for driver in ["back.example.com", "gone.example.com"] {
+            for slice in crate::slices::pool_slices(driver, &pool, 0) {
+                api.put_slice(slice).unwrap();
+            }
+        }
+        let drivers = |api: &ApiServerStandIn| -> BTreeSet<String> {
+            api.slices().into_iter().map(|s| s.spec.driver).collect()
+        };
+        // A driver registered and gone for good: its slices wiped after the delay, not before.
+        let gone = dir.path().join("gone");
+        std::fs::create_dir_all(&gone).unwrap();
+        let server = tokio::spawn(crate::socket::serve(
+            registry.join("gone.example.com-reg.sock"),
+            tonic::service::Routes::new(
+                crate::proto::pluginregistration::registration_server::RegistrationServer::new(
+                    Plugin {
+                        info: PluginInfo {
+                            r#type: PLUGIN_TYPE.into(),
+                            name: "gone.example.com".into(),
+                            endpoint: gone.join("dra.sock").display().to_string(),
+                            supported_versions: vec![DRA_V1.into()],
+                        },
+                        answers: Arc::default(),
+                    },
+                ),
+            ),
+            Duration::from_secs(3600),
+            std::future::pending(),
+            || {},
+        ));
+        kubelet
+            .registered("gone.example.com", within)
+            .await
+            .unwrap();
+        server.abort();
+        let _ = server.await;
+        let _ = std::fs::remove_file(registry.join("gone.example.com-reg.sock"));
+        // The other driver's socket removed too: bound again within a second, so it is back
+        // before its delay ends and its wipe is dropped.
+        std::fs::remove_file(registry.join("back.example.com-reg.sock")).unwrap();
+        let removed = tokio::time::Instant::now();
+        for _ in 0..100 {
+            if kubelet.registrations("back.example.com") >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            kubelet.registrations("back.example.com"),
+            2,
+            "registered again"
+        );
+        assert_eq!(
+            drivers(&api),
+            BTreeSet::from(["back.example.com".into(), "gone.example.com".into()]),
+            "nothing wiped before the delay"
+        );
+        tokio::time::sleep_until(removed + Duration::from_millis(3000)).await;
+        assert_eq!(
+            drivers(&api),
+            BTreeSet::from(["back.example.com".to_string()]),
+            "the gone driver's slices wiped, the returned one's kept"
+        );
+    }
+
+    #[test]
+    fn extended_resources_and_quantities_as_kubelet_reads_them() {
+        for name in [
+            "devices.example.com/kvm",
+            "nvidia.com/gpu",
+            "deviceclass.resource.kubernetes.io/gpu.example.com",
+        ] {
+            assert!(is_dra_extended_resource(name), "{name}");
+        }
+        for name in [
+            "cpu",
+            "memory",
+            "hugepages-2Mi",
+            "kubernetes.io/foo",
+            "node.kubernetes.io/foo",
+            "requests.example.com/x",
+        ] {
+            assert!(!is_dra_extended_resource(name), "{name}");
+        }
+        for zero in ["0", "0.0", "0Mi", "+0", "000"] {
+            assert!(is_zero(zero), "{zero}");
+        }
+        for some in ["1", "10", "0.5", "500m", "1Gi"] {
+            assert!(!is_zero(some), "{some}");
+        }
+    }
+
+    #[test]
+    fn a_devices_cdi_ids_go_to_its_requests_and_unnamed_ones_to_every_request() {
+        let device = |requests: &[&str], id: &str| dra_v1::Device {
+            request_names: requests.iter().map(|r| r.to_string()).collect(),
+            cdi_device_ids: vec![id.into()],
+            ..Default::default()
+        };
+        let info = ClaimInfo {
+            uid: "u".into(),
+            drivers: BTreeSet::new(),
+            pods: BTreeSet::new(),
+            devices: vec![
+                device(&["a"], "x=a"),
+                device(&["b"], "x=b"),
+                device(&[], "x=any"),
+            ],
+            prepared: true,
+        };
+        assert_eq!(cdi_devices(&info, "a"), ["x=a", "x=any"]);
+        assert_eq!(cdi_devices(&info, "b"), ["x=b", "x=any"]);
+        assert_eq!(cdi_devices(&info, ""), ["x=a", "x=b", "x=any"]);
+    }
+
+    #[tokio::test]
     async fn the_watcher_picks_the_newest_dra_service_and_refuses_what_it_cannot_use() {
         let api = ApiServerStandIn::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
