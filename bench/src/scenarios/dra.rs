@@ -8,6 +8,9 @@
 //! timed from the mknod/unlink to the stand-in storing the slice, through its change notifier
 //! (no polling); a Prepare from kubelet's call to its answer, which includes wdp reading the
 //! claim from the API server.
+//!
+//! The CDI specs go to a tmpfs, as on a node (`/var/run/cdi` is below `/run`); the claim
+//! checkpoint stays on the temporary directory's disk, as kubelet's plugins directory does.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,38 @@ use crate::report::{Report, Row};
 const DRIVER: &str = "bench.wdp.dev";
 /// The node, and so the pool.
 const NODE: &str = "bench-node";
+
+/// A tmpfs mounted on a directory while this lives (nothing when this process may not mount).
+struct Tmpfs(Option<std::path::PathBuf>);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=755", "wdp-bench-cdi"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!(
+                "wdp-bench: cannot mount a tmpfs on {}; CDI specs stay on disk (fsync included)",
+                dir.display()
+            );
+        }
+        Ok(Tmpfs(mounted.then(|| dir.to_path_buf())))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(dir)
+                .status();
+        }
+    }
+}
 
 /// The raw ids (the `id` attribute: `ttyUSB0` is no DNS label, so not the name) of the devices
 /// the API server's slices of the driver hold, sorted.
@@ -65,6 +100,8 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let f = BenchFixture::new();
     f.char_dev("ttyUSB0", 188, 0);
     let api = ApiServerStandIn::start().await?;
+    let cdi = f.path().join("cdi");
+    let _cdi_tmpfs = Tmpfs::mount(&cdi)?;
     let kubelet_dir = f.path().join("kubelet");
     let registry = kubelet_dir.join("plugins_registry");
     std::fs::create_dir_all(&registry)?;
@@ -78,7 +115,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     );
     entry.push_str(&format!(
         "    cdi: {{ dir: {} }}\n    frontend: dra\n",
-        f.path().join("cdi").display()
+        cdi.display()
     ));
     let config = f.write_config(&format!(
         "scanners:\n{entry}node:\n  name: {NODE}\n  plugins-dir: {}\n  plugins-registry-dir: {}\n  api-server: http://{}\n",
