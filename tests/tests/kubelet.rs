@@ -441,9 +441,9 @@ mod manager {
     use super::*;
     use std::sync::Arc;
     use wdp::manager::{Claims, Manager};
-    use wdp::server::PluginSockets;
     use wdp::tree::{DeviceInfo, DeviceTree};
     use wdp_kubelet::dir::PluginDir;
+    use wdp_kubelet::server::PluginSockets;
 
     fn tree(types: &[&str]) -> DeviceTree {
         let info = DeviceInfo::default();
