@@ -45,7 +45,7 @@ impl TreeDiff {
 }
 
 /// Compares `old` and `new` at dev-type granularity; one changed device makes its type updated.
-pub fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) -> TreeDiff {
+pub(crate) fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) -> TreeDiff {
     let mut d = TreeDiff::default();
     for (dev_type, devices) in &new.0 {
         match old.get(dev_type) {
@@ -192,7 +192,7 @@ impl Manager {
             match event {
                 ScannerEvent::Tree(tree) => {
                     // Nobody else holds the tree by now: its changed groups are moved, not copied.
-                    self.apply_owned(Arc::unwrap_or_clone(tree));
+                    self.apply(Arc::unwrap_or_clone(tree));
                 }
                 ScannerEvent::Refused(_) | ScannerEvent::Failed { .. } | ScannerEvent::Finished => {
                     // Logged where they happen; the last good tree stays served.
@@ -210,14 +210,10 @@ impl Manager {
 
     /// Brings the servers in line with `tree`. Never waits. CDI specs are written first, so no
     /// device is served before the spec that describes it exists; only for the types this
-    /// scanner may serve, so a type another scanner holds never overwrites that one's spec.
-    pub fn apply(&mut self, tree: &DeviceTree) -> TreeDiff {
-        self.apply_owned(tree.clone())
-    }
-
-    /// [`Manager::apply`] of a tree this manager may take apart: each changed group is moved
-    /// into the servers' shared copy (a 10,000-device group costs 1.5 ms to clone).
-    fn apply_owned(&mut self, tree: DeviceTree) -> TreeDiff {
+    /// scanner may serve, so a type another scanner holds never overwrites that one's spec. The
+    /// tree is taken apart: each changed group is moved into the servers' shared copy, not
+    /// copied (a 10,000-device group costs 1.5 ms to clone).
+    pub fn apply(&mut self, tree: DeviceTree) -> TreeDiff {
         let mut tree = match &mut self.cdi {
             Some(cdi) => {
                 let held = |t: &String| {
