@@ -127,3 +127,162 @@ impl<P: ResourcePlugin> ResourceServer<P> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::sync::mpsc;
+    use tonic::Status;
+
+    use super::*;
+    use crate::api;
+    use crate::standin::{Observed, StandIn};
+
+    /// A resource of plain ids: what a server needs of its owner, and nothing of wdp's.
+    struct Ids;
+
+    impl ResourcePlugin for Ids {
+        type Devices = Vec<String>;
+
+        fn options(&self) -> api::DevicePluginOptions {
+            api::DevicePluginOptions::default()
+        }
+
+        fn list(devices: &Vec<String>) -> Vec<api::Device> {
+            devices
+                .iter()
+                .map(|id| api::Device {
+                    id: id.clone(),
+                    health: "Healthy".into(),
+                    topology: None,
+                })
+                .collect()
+        }
+
+        async fn allocate(
+            &self,
+            devices: &Vec<String>,
+            requests: Vec<api::ContainerAllocateRequest>,
+        ) -> Result<api::AllocateResponse, Status> {
+            let mut container_responses = Vec::new();
+            for request in requests {
+                let mut response = api::ContainerAllocateResponse::default();
+                for id in request.devices_ids {
+                    if !devices.contains(&id) {
+                        return Err(Status::invalid_argument(format!("no device {id}")));
+                    }
+                    response.envs.insert("ID".into(), id);
+                }
+                container_responses.push(response);
+            }
+            Ok(api::AllocateResponse {
+                container_responses,
+            })
+        }
+
+        async fn preferred_allocation(
+            &self,
+            _: Vec<api::ContainerPreferredAllocationRequest>,
+        ) -> Result<api::PreferredAllocationResponse, Status> {
+            Err(not_advertised())
+        }
+
+        async fn pre_start(&self, _: Vec<String>) -> Result<(), Status> {
+            Err(not_advertised())
+        }
+    }
+
+    /// Every report, in order.
+    #[derive(Default)]
+    struct Reports {
+        registered: Mutex<Vec<bool>>,
+        allocated: Mutex<Vec<bool>>,
+    }
+
+    impl ServerReport for Arc<Reports> {
+        fn registered(&self, registered: bool) {
+            self.registered.lock().unwrap().push(registered);
+        }
+        fn stream_lost(&self) {}
+        fn allocated(&self, _: Duration, ok: bool) {
+            self.allocated.lock().unwrap().push(ok);
+        }
+    }
+
+    /// The next device list the stand-in saw for `resource`.
+    async fn next_list(
+        observed: &mut mpsc::UnboundedReceiver<Observed>,
+        resource: &str,
+    ) -> Vec<String> {
+        let wait = async {
+            loop {
+                match observed.recv().await {
+                    Some(Observed::Devices {
+                        resource: r,
+                        devices,
+                        ..
+                    }) if r == resource => break devices.into_iter().map(|d| d.id).collect(),
+                    Some(_) => {}
+                    None => panic!("the stand-in stopped"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("a device list within 10 s")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_registers_lists_updates_and_answers_through_its_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("device-plugins");
+        let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+        let sockets = Arc::new(PluginSockets {
+            dir: PluginDir::watch(&plugins).unwrap(),
+            socket: plugins.join(crate::KUBELET_SOCKET_NAME),
+        });
+        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
+        let socket = resource.socket.clone();
+        let reports = Arc::new(Reports::default());
+        let server = ResourceServer::start(
+            sockets,
+            resource,
+            Arc::new(vec!["a".to_string()]),
+            Ids,
+            reports.clone(),
+        );
+
+        assert_eq!(next_list(&mut observed, "example.com/ids").await, ["a"]);
+        // kubelet may open its stream before the server has read Register's answer.
+        for _ in 0..100 {
+            if !reports.registered.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(*reports.registered.lock().unwrap(), [true]);
+        server.update(Arc::new(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            next_list(&mut observed, "example.com/ids").await,
+            ["a", "b"]
+        );
+
+        // Allocate reaches the plugin with the list as it is now; its refusal is kubelet's error.
+        let answer = kubelet.allocate("example.com/ids", &["b"]).await.unwrap();
+        assert_eq!(answer.container_responses[0].envs["ID"], "b");
+        let refused = kubelet
+            .allocate("example.com/ids", &["z"])
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert_eq!(*reports.allocated.lock().unwrap(), [true, false]);
+
+        assert!(socket.exists());
+        server.stop().await;
+        assert!(!socket.exists(), "stopping removes the socket");
+        assert_eq!(*reports.registered.lock().unwrap(), [true, false]);
+        kubelet.stop().await;
+    }
+}
