@@ -17,8 +17,8 @@
 //!   admission policy's CEL evaluated over admission requests; each DeviceClass's CEL selector
 //!   evaluated on the slices wdp-dra builds from the ConfigMap's scanners over a fixture.
 //!
-//! The manifests and the config are read from `deploy/`; only the paths that differ between a node
-//! and this test (component files, /sys and /dev roots, the writable dirs, the port) are moved.
+//! The manifests and the config are read from `deploy/`; only what differs between a node and this
+//! test (the component files: the ones built from source stand in for the image's) is moved.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -743,12 +743,8 @@ fn config_yaml(docs: &[Doc]) -> String {
 }
 
 /// The config with each in-image component (`/usr/lib/wdp/scanners/X.wasm`) replaced by the same
-/// guest built here (`target/guests/wasm32-wasip2/release/X.wasm`), and `edit` applied to each
-/// scanner's map.
-fn with_built_components(
-    yaml: &str,
-    mut edit: impl FnMut(&mut serde_yaml_ng::Mapping),
-) -> serde_yaml_ng::Value {
+/// guest built here (`target/guests/wasm32-wasip2/release/X.wasm`).
+fn with_built_components(yaml: &str) -> serde_yaml_ng::Value {
     let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("config is YAML");
     let scanners = config
         .get_mut("scanners")
@@ -767,14 +763,13 @@ fn with_built_components(
                 .unwrap_or_else(|| panic!("{key} {path:?} is not in {IMAGE_SCANNERS}"));
             *value = wdp_tests::guest(name).display().to_string().into();
         }
-        edit(s);
     }
     config
 }
 
 /// Loads the config as `wdp run` will in the image, with the built components in place.
 fn load_as_in_the_image(yaml: &str, dir: &tempfile::TempDir) -> wdp::config::Config {
-    let config = with_built_components(yaml, |_| {});
+    let config = with_built_components(yaml);
     let path = dir.path().join("wdp.yaml");
     std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
     wdp::config::load(&path).unwrap_or_else(|e| panic!("the ConfigMap's config: {e}"))

@@ -17,10 +17,3 @@ pub trait ServerReport: Send + Sync + 'static {
     /// One Allocate call answered (`ok`) or failed, after `elapsed`: the latency pods wait on.
     fn allocated(&self, elapsed: Duration, ok: bool);
 }
-
-/// Reports nowhere: for servers whose owner shows no status (tools, tests).
-impl ServerReport for () {
-    fn registered(&self, _: bool) {}
-    fn stream_lost(&self) {}
-    fn allocated(&self, _: Duration, _: bool) {}
-}
