@@ -5,9 +5,9 @@
 //! ([`standin`], with kubelet's checkpoint file, [`checkpoint`]).
 //!
 //! The bottom of wdp's data path. It knows nothing of guests, trees or the sandbox, so it builds
-//! without a wasm runtime: a server reaches what it serves through two traits its owner
-//! implements, [`server::ResourcePlugin`] (the device list and the answers to kubelet's calls)
-//! and [`server::ServerReport`] (registration, lost streams, Allocate calls).
+//! without a wasm runtime: a server reaches what it serves through two traits its owner implements,
+//! [`server::ResourcePlugin`] (the device list and the answers to kubelet's calls) and
+//! [`server::ServerReport`] (registration, lost streams, Allocate calls).
 
 #![warn(missing_docs)]
 

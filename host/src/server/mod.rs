@@ -1,12 +1,12 @@
-//! One resource of a scanner as wdp serves it to kubelet: the adapter between the manager's
-//! device groups and guest hooks, and `wdp_kubelet`'s device-plugin server.
+//! One resource of a scanner as wdp serves it to kubelet: the adapter between the manager's device
+//! groups and guest hooks, and `wdp_kubelet`'s device-plugin server.
 //!
 //! The server itself (socket, registration, re-registration, ListAndWatch streams) is
-//! [`wdp_kubelet::server::ResourceServer`], which knows nothing of trees or guests. What it
-//! serves is a [`ServedResource`]: the validated [`DeviceGroup`] as kubelet's devices, Allocate
-//! answered with `allocate.rs`'s default response and the post-allocate hook,
-//! GetPreferredAllocation with `preferred.rs`'s shaping of its hook's advice, PreStartContainer
-//! with its hook ([`crate::hooks`]); what a failed hook answers kubelet is `hook_errors.rs`. Registration and
+//! [`wdp_kubelet::server::ResourceServer`], which knows nothing of trees or guests. What it serves
+//! is a [`ServedResource`]: the validated [`DeviceGroup`] as kubelet's devices, Allocate answered
+//! with `allocate.rs`'s default response and the post-allocate hook, GetPreferredAllocation with
+//! `preferred.rs`'s shaping of its hook's advice, PreStartContainer with its hook
+//! ([`crate::hooks`]); what a failed hook answers kubelet is `hook_errors.rs`. Registration and
 //! Allocate calls reach `/status` and `/metrics` through the resource's
 //! [`crate::status::ResourceHandle`], the server's [`wdp_kubelet::server::ServerReport`].
 

@@ -1,24 +1,24 @@
 //! One kubelet device-plugin server per resource `<namespace>/<dev-type>`.
 //!
-//! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves,
-//! then registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to
-//! appear rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or
-//! our socket is deleted (kubelet's cleanup), it serves again and re-registers at once. When
-//! kubelet's ListAndWatch stream ends while both sides keep running (same socket, same
-//! `kubelet.sock`), it registers again at once, with a backoff if that keeps happening: kubelet
-//! has then marked every device unhealthy and stopped the endpoint, calls ListAndWatch on it
-//! never again, and drops the resource after 5 minutes (`endpointStopGracePeriod`); only a new
-//! registration replaces the endpoint. Stopping cancels the task, which ends every stream,
-//! removes the socket and leaves nothing behind, whatever state it was in.
+//! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves, then
+//! registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to appear
+//! rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or our socket
+//! is deleted (kubelet's cleanup), it serves again and re-registers at once. When kubelet's
+//! ListAndWatch stream ends while both sides keep running (same socket, same `kubelet.sock`), it
+//! registers again at once, with a backoff if that keeps happening: kubelet has then marked every
+//! device unhealthy and stopped the endpoint, calls ListAndWatch on it never again, and drops the
+//! resource after 5 minutes (`endpointStopGracePeriod`); only a new registration replaces the
+//! endpoint. Stopping cancels the task, which ends every stream, removes the socket and leaves
+//! nothing behind, whatever state it was in.
 //!
-//! One concept per file: what a resource answers kubelet ([`ResourcePlugin`], `plugin.rs`), what
-//! a server reports about itself ([`ServerReport`], `report.rs`), the registration state machine
-//! (`lifecycle.rs`), the gRPC service (`service.rs`). A server knows nothing of what it serves:
-//! its owner (wdp's manager) implements both traits. The names a server derives (endpoint,
-//! socket path) are [`crate::names::Resource`]'s.
+//! One concept per file: what a resource answers kubelet ([`ResourcePlugin`], `plugin.rs`), what a
+//! server reports about itself ([`ServerReport`], `report.rs`), the registration state machine
+//! (`lifecycle.rs`), the gRPC service (`service.rs`). A server knows nothing of what it serves: its
+//! owner (wdp's manager) implements both traits. The names a server derives (endpoint, socket path)
+//! are [`crate::names::Resource`]'s.
 //!
-//! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
-//! or absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
+//! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow or
+//! absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
 
 mod lifecycle;
 mod plugin;
