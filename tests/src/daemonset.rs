@@ -1,5 +1,6 @@
 //! The pod of deploy/'s DaemonSet, as kubelet would start wdp from it: the command, arguments,
-//! environment, volume mounts and what backs each, probes, limits and the security settings.
+//! environment, volume mounts and what backs each, probes, limits and the security settings; and
+//! the device nodes its ConfigMap's scanners serve ([`configmap_devices`]).
 //!
 //! Read here once for every test that runs or checks what the DaemonSet runs (the manifest
 //! checks, the image's podman run), so they all read the same fields the same way and a field
@@ -9,6 +10,8 @@
 use std::path::Path;
 
 use serde_json::Value;
+
+use crate::fixture::Fixture;
 
 /// The DaemonSet's pod, its one container's fields.
 #[derive(Debug, Clone, PartialEq)]
@@ -243,4 +246,16 @@ impl Mount {
             _ => None,
         }
     }
+}
+
+/// Gives `f` the device nodes of every scanner deploy/configmap.yaml configures (the virtual
+/// devices kvm, tun, vhost-net and fuse, two USB serial adapters): the node the shipped config is
+/// run or evaluated against, so each resource it serves has a device.
+pub fn configmap_devices(f: &Fixture) -> &Fixture {
+    f.char_dev("kvm", 10, 232)
+        .char_dev("net/tun", 10, 200)
+        .char_dev("vhost-net", 10, 238)
+        .char_dev("fuse", 10, 229)
+        .char_dev("ttyUSB0", 188, 0)
+        .char_dev("ttyACM0", 166, 0)
 }

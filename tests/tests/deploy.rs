@@ -37,7 +37,7 @@ use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
-use wdp_tests::daemonset::{Pod, Source};
+use wdp_tests::daemonset::{Pod, Source, configmap_devices};
 use wdp_tests::fixture::Fixture;
 use wdp_tests::repo;
 
@@ -1544,12 +1544,7 @@ async fn every_device_class_bridges_one_served_type_and_selects_its_devices() {
     let docs = rendered_dra();
     let config = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
     let f = Fixture::new();
-    f.char_dev("kvm", 10, 232)
-        .char_dev("net/tun", 10, 200)
-        .char_dev("vhost-net", 10, 238)
-        .char_dev("fuse", 10, 229)
-        .char_dev("ttyUSB0", 188, 0)
-        .char_dev("ttyACM0", 166, 0);
+    configmap_devices(&f);
     let sandbox = wdp_tests::sandbox(&f);
     // (extended resource name, driver, device name) of every published device.
     let mut published: Vec<(String, String, String, Value)> = Vec::new();

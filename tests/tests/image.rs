@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use wdp_kubelet::standin::StandIn;
-use wdp_tests::daemonset::{Pod, Source};
+use wdp_tests::daemonset::{Pod, Source, configmap_devices};
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Seen, sockets};
 use wdp_tests::podman::{Podman, RUN_LIMITS};
@@ -270,12 +270,7 @@ async fn the_image_runs_as_the_daemonset_runs_it() {
     // adapters, for the edited config), kubelet's plugin dir as kubelet makes it (root's, 0750),
     // and the other volumes as kubelet prepares them before the container starts.
     let f = Fixture::new();
-    f.char_dev("kvm", 10, 232)
-        .char_dev("net/tun", 10, 200)
-        .char_dev("vhost-net", 10, 238)
-        .char_dev("fuse", 10, 229)
-        .char_dev("ttyUSB0", 188, 0)
-        .char_dev("ttyACM0", 166, 0)
+    configmap_devices(&f)
         .dev_link(&format!("serial/by-id/{FTDI}"), "../../ttyUSB0")
         .dev_link(&format!("serial/by-id/{ARDUINO}"), "../../ttyACM0");
     let plugins = f.path().join("device-plugins");
