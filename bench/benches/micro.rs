@@ -150,7 +150,8 @@ fn allocate_and_devfs(c: &mut Criterion) {
         )
         .expect("valid");
     let group = &tree.0["bench"];
-    // The Allocate answer a resource without hooks gives, as its server asks for it.
+    // The Allocate answer a resource without hooks gives, as its server asks for it (polled by a
+    // current-thread runtime: the row includes that block_on).
     let served = ServedResource::new(
         Resource::new("bench.wdp.dev", "bench", &f.path().join("device-plugins"))
             .expect("a short socket path"),
