@@ -62,35 +62,64 @@ pub(crate) fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &Devic
     d
 }
 
-/// Host-wide ownership of resource names.
+/// Host-wide ownership of what a resource occupies on disk.
+///
+/// A resource `<namespace>/<dev-type>` is served on the socket `<namespace>-<dev-type>.sock` and
+/// described by the CDI spec `wdp-<namespace>-<dev-type>.*`, so two distinct names can meet in
+/// one file: `a.example/x-y` and `a.example-x/y` (a namespace may hold '-', a dev-type too).
+/// Claims are therefore keyed by that joined name, and the first scanner to claim it keeps it;
+/// the second is refused with both resource names rather than both servers unlinking and
+/// binding each other's socket.
 #[derive(Debug, Default)]
 pub struct Claims {
-    owners: Mutex<HashMap<String, Arc<str>>>,
+    /// Joined name -> (scanner, resource name).
+    owners: Mutex<HashMap<String, (Arc<str>, String)>>,
+}
+
+/// Why a claim was refused: who holds the joined name, under which resource name.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    scanner: Arc<str>,
+    resource: String,
+}
+
+/// The name a resource's socket and CDI spec are derived from.
+fn joined(namespace: &str, dev_type: &str) -> String {
+    format!("{namespace}-{dev_type}")
 }
 
 impl Claims {
-    /// Claims `resource` for `scanner`; `Err(owner)` if another scanner holds it.
-    fn claim(&self, resource: &str, scanner: &Arc<str>) -> Result<(), Arc<str>> {
+    /// Claims `namespace/dev_type` for `scanner`; `Err` names who holds its joined name.
+    fn claim(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) -> Result<(), Held> {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        match owners.get(resource) {
-            Some(owner) if owner != scanner => Err(owner.clone()),
+        let resource = format!("{namespace}/{dev_type}");
+        match owners.get(&joined(namespace, dev_type)) {
+            Some((owner, held)) if owner != scanner || *held != resource => Err(Held {
+                scanner: owner.clone(),
+                resource: held.clone(),
+            }),
             _ => {
-                owners.insert(resource.to_string(), scanner.clone());
+                owners.insert(joined(namespace, dev_type), (scanner.clone(), resource));
                 Ok(())
             }
         }
     }
 
-    /// Whether `scanner` holds `resource` or may claim it.
-    fn available(&self, resource: &str, scanner: &Arc<str>) -> bool {
+    /// Whether `scanner` holds `namespace/dev_type` or may claim it.
+    fn available(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) -> bool {
         let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        owners.get(resource).is_none_or(|owner| owner == scanner)
+        owners
+            .get(&joined(namespace, dev_type))
+            .is_none_or(|(owner, held)| {
+                owner == scanner && *held == format!("{namespace}/{dev_type}")
+            })
     }
 
-    fn release(&self, resource: &str, scanner: &Arc<str>) {
+    fn release(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        if owners.get(resource) == Some(scanner) {
-            owners.remove(resource);
+        let key = joined(namespace, dev_type);
+        if owners.get(&key).is_some_and(|(owner, _)| owner == scanner) {
+            owners.remove(&key);
         }
     }
 }
@@ -216,10 +245,7 @@ impl Manager {
     pub fn apply(&mut self, tree: DeviceTree) -> TreeDiff {
         let mut tree = match &mut self.cdi {
             Some(cdi) => {
-                let held = |t: &String| {
-                    let resource = format!("{}/{t}", self.namespace);
-                    self.claims.available(&resource, &self.scanner)
-                };
+                let held = |t: &String| self.claims.available(&self.namespace, t, &self.scanner);
                 if tree.0.keys().all(held) {
                     cdi.sync(&tree)
                 } else {
@@ -247,7 +273,8 @@ impl Manager {
         for dev_type in &d.removed {
             self.current.remove(dev_type);
             if let Some(server) = self.servers.remove(dev_type) {
-                self.claims.release(&server.resource().name, &self.scanner);
+                self.claims
+                    .release(&self.namespace, &server.resource().dev_type, &self.scanner);
                 tracing::info!(scanner = &*self.scanner, resource = %server.resource().name, "device type removed");
                 server.plugin().status().remove();
                 // Dropping cancels it; its task removes the socket on its own.
@@ -286,12 +313,19 @@ impl Manager {
         let resource = Resource::new(&self.namespace, dev_type, self.kubelet.dir.path())
             .map_err(|e| e.to_string())?;
         self.claims
-            .claim(&resource.name, &self.scanner)
-            .map_err(|owner| {
-                format!(
-                    "resource {} is already served by scanner {owner:?}; give one of them another namespace",
-                    resource.name
-                )
+            .claim(&self.namespace, dev_type, &self.scanner)
+            .map_err(|held| {
+                if held.resource == resource.name {
+                    format!(
+                        "resource {} is already served by scanner {:?}; give one of them another namespace",
+                        resource.name, held.scanner
+                    )
+                } else {
+                    format!(
+                        "resource {} would share the socket {} (and CDI spec name) of resource {}, served by scanner {:?}: kubelet names both files <namespace>-<dev-type>; give one of them another namespace",
+                        resource.name, resource.endpoint, held.resource, held.scanner
+                    )
+                }
             })?;
         tracing::info!(scanner = &*self.scanner, resource = %resource.name, devices = devices.len(), "serving new device type");
         let status = self.status.resource(&resource.name);
@@ -309,7 +343,8 @@ impl Manager {
     pub async fn stop_all(&mut self) {
         let servers = std::mem::take(&mut self.servers);
         for (_, server) in servers {
-            self.claims.release(&server.resource().name, &self.scanner);
+            self.claims
+                .release(&self.namespace, &server.resource().dev_type, &self.scanner);
             let status = server.plugin().status().clone();
             server.stop().await;
             status.remove();
@@ -365,12 +400,33 @@ mod tests {
     fn claims_are_exclusive() {
         let claims = Claims::default();
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        claims.claim("ns/x", &a).unwrap();
-        claims.claim("ns/x", &a).unwrap();
-        assert_eq!(&*claims.claim("ns/x", &b).unwrap_err(), "a");
-        claims.release("ns/x", &b);
-        assert!(claims.claim("ns/x", &b).is_err());
-        claims.release("ns/x", &a);
-        claims.claim("ns/x", &b).unwrap();
+        claims.claim("ns", "x", &a).unwrap();
+        claims.claim("ns", "x", &a).unwrap();
+        assert_eq!(claims.claim("ns", "x", &b).unwrap_err().scanner, a);
+        claims.release("ns", "x", &b);
+        assert!(claims.claim("ns", "x", &b).is_err());
+        claims.release("ns", "x", &a);
+        claims.claim("ns", "x", &b).unwrap();
+    }
+
+    #[test]
+    fn names_that_share_a_socket_are_exclusive() {
+        // a.example/x-y and a.example-x/y: distinct resources, one socket file
+        // (a.example-x-y.sock) and one CDI spec name.
+        let claims = Claims::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        claims.claim("a.example", "x-y", &a).unwrap();
+        assert!(!claims.available("a.example-x", "y", &b));
+        let held = claims.claim("a.example-x", "y", &b).unwrap_err();
+        assert_eq!(
+            held,
+            Held {
+                scanner: a.clone(),
+                resource: "a.example/x-y".into()
+            }
+        );
+        assert!(claims.available("a.example", "x-y", &a));
+        claims.release("a.example", "x-y", &a);
+        claims.claim("a.example-x", "y", &b).unwrap();
     }
 }
