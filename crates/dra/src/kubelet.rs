@@ -352,10 +352,7 @@ impl KubeletStandIn {
         for (driver, refs) in &batches {
             let mut answer = self.prepare(driver, refs).await?;
             for claim in refs {
-                let result = answer.remove(&claim.uid).ok_or_else(|| PodError::Skipped {
-                    call: "NodePrepareResources",
-                    claim: claim.name.clone(),
-                })?;
+                let result = answered_for(&mut answer, claim, "NodePrepareResources")?;
                 if !result.error.is_empty() {
                     return Err(PodError::Prepare {
                         claim: claim.name.clone(),
@@ -416,10 +413,7 @@ impl KubeletStandIn {
         for (driver, refs) in &batches {
             let mut answer = self.unprepare(driver, refs).await?;
             for claim in refs {
-                let error = answer.remove(&claim.uid).ok_or_else(|| PodError::Skipped {
-                    call: "NodeUnprepareResources",
-                    claim: claim.name.clone(),
-                })?;
+                let error = answered_for(&mut answer, claim, "NodeUnprepareResources")?;
                 if !error.is_empty() {
                     return Err(PodError::Unprepare {
                         claim: claim.name.clone(),
@@ -583,6 +577,18 @@ impl KubeletStandIn {
             .map(|(uid, r)| (uid, r.error))
             .collect())
     }
+}
+
+/// The driver's answer for `claim` out of a `call`'s answers; a claim left out fails the pod.
+fn answered_for<T>(
+    answers: &mut BTreeMap<String, T>,
+    claim: &ClaimRef,
+    call: &'static str,
+) -> Result<T, PodError> {
+    answers.remove(&claim.uid).ok_or_else(|| PodError::Skipped {
+        call,
+        claim: claim.name.clone(),
+    })
 }
 
 /// The claims of `pod` kubelet prepares, by name: `spec.resourceClaims` that name one (directly
