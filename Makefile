@@ -105,10 +105,12 @@ lint: setup
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --locked --manifest-path $(GUEST_MANIFEST) --target wasm32-wasip2 --target-dir $(GUEST_TARGET_DIR) -- -D warnings
 
-## proto: rewrite crates/kubelet/src/v1beta1.rs from proto/deviceplugin.proto (after changing the
-## proto or upgrading prost/tonic; `make test` fails while the checked-in file is stale)
+## proto: rewrite crates/kubelet/src/v1beta1.rs from proto/deviceplugin.proto and the generated
+## files of crates/dra/src/proto/ from proto/dra (after changing a proto or upgrading prost/tonic;
+## `make test` fails while a checked-in file is stale)
 proto:
 	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test integration -- proto::
+	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-dra --lib proto
 
 ## test: everything CI runs
 test: build lint test-lang-units

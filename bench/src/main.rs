@@ -13,7 +13,7 @@
 //!           [--idle-wdp BIN] [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
-//! Rows: hotplug, poll, newtype, allocate, restart, streamcut, startup, idle, bulk, wasm, peer, and
+//! Rows: hotplug, poll, newtype, allocate, dra, restart, streamcut, startup, idle, bulk, wasm, peer, and
 //! micro (the criterion benchmarks, through `cargo bench`). Each is measured by a module of
 //! [`scenarios`]; this file parses the arguments, runs the selected rows in order and writes the
 //! report.
@@ -31,7 +31,9 @@ use clap::Parser;
 use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
 use scenarios::sizes::Sizes;
-use scenarios::{allocate, bulk, hotplug, idle, micro, native, peer, restart, startup, streamcut};
+use scenarios::{
+    allocate, bulk, dra, hotplug, idle, micro, native, peer, restart, startup, streamcut,
+};
 use wdp_bench::fixtures;
 
 /// Measures wdp against its performance targets on this machine and writes
@@ -94,11 +96,12 @@ struct Args {
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
-const ROWS: [&str; 12] = [
+const ROWS: [&str; 13] = [
     "hotplug",
     "poll",
     "newtype",
     "allocate",
+    "dra",
     "restart",
     "streamcut",
     "startup",
@@ -204,6 +207,9 @@ async fn main() -> Result<()> {
     }
     if args.runs("allocate") {
         allocate::run(&ctx, &sizes, &mut report).await?;
+    }
+    if args.runs("dra") {
+        dra::run(&ctx, &sizes, &mut report).await?;
     }
     if args.runs("restart") {
         restart::run(&ctx, &sizes, &mut report).await?;

@@ -34,8 +34,10 @@ use crate::tree::{AttributeValue as TreeAttributeValue, DeviceTree, Health};
 
 /// How often a removed socket is noticed and bound again.
 const SOCKET_CHECK: Duration = Duration::from_secs(1);
-/// How often the publisher compares the API server's slices with the inventory even when
-/// nothing changed: kubelet and admins may delete slices behind its back.
+/// How often the publisher lists the node's slices and repairs what differs from the inventory
+/// even when nothing changed, as an informer's resync: the watch repairs kubelet's and admins'
+/// deletions at once, and this bounds how long a watch event lost on the way (or a watch that
+/// ended without one) can leave them stale.
 const RESYNC: Duration = Duration::from_secs(10);
 /// How often the health stream repeats the whole list (kubelet marks devices it hears nothing
 /// about as unknown).

@@ -1,8 +1,9 @@
 //! One manager per configured scanner: from device trees to resource servers.
 //!
-//! The manager consumes its scanner's events and keeps one [`ResourceServer`] per dev-type of the
-//! latest good tree, as Intel's Notifier does: types added since the last tree get a new server,
-//! changed types get the new device list, removed types are stopped. Applying a tree never waits
+//! The manager consumes its scanner's events and keeps one [`ResourceServer`] (wdp-kubelet's
+//! server, answering through a [`ServedResource`]) per dev-type of the latest good tree, as
+//! Intel's Notifier does: types added since the last tree get a new server, changed types get
+//! the new device list, removed types are stopped. Applying a tree never waits
 //! on kubelet (servers take updates through a `watch` channel), so a slow kubelet never holds up
 //! a scanner. Resource names are claimed host-wide: two scanners serving the same
 //! `<namespace>/<dev-type>` is refused with an error naming both.
@@ -19,10 +20,11 @@ use crate::dra::DraDriver;
 use crate::hooks::Hooks;
 use crate::sandbox::Roots;
 use crate::scanner::ScannerEvent;
-use crate::server::{PluginSockets, ResourceServer};
+use crate::server::{ResourceServer, ServedResource};
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceGroup, DeviceTree};
 use wdp_kubelet::names::Resource;
+use wdp_kubelet::server::PluginSockets;
 
 /// Which dev-types changed between two trees (sorted, each type in at most one list).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -43,7 +45,7 @@ impl TreeDiff {
 }
 
 /// Compares `old` and `new` at dev-type granularity; one changed device makes its type updated.
-pub fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) -> TreeDiff {
+pub(crate) fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) -> TreeDiff {
     let mut d = TreeDiff::default();
     for (dev_type, devices) in &new.0 {
         match old.get(dev_type) {
@@ -60,35 +62,64 @@ pub fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) 
     d
 }
 
-/// Host-wide ownership of resource names.
+/// Host-wide ownership of what a resource occupies on disk.
+///
+/// A resource `<namespace>/<dev-type>` is served on the socket `<namespace>-<dev-type>.sock` and
+/// described by the CDI spec `wdp-<namespace>-<dev-type>.*`, so two distinct names can meet in
+/// one file: `a.example/x-y` and `a.example-x/y` (a namespace may hold '-', a dev-type too).
+/// Claims are therefore keyed by that joined name, and the first scanner to claim it keeps it;
+/// the second is refused with both resource names rather than both servers unlinking and
+/// binding each other's socket.
 #[derive(Debug, Default)]
 pub struct Claims {
-    owners: Mutex<HashMap<String, Arc<str>>>,
+    /// Joined name -> (scanner, resource name).
+    owners: Mutex<HashMap<String, (Arc<str>, String)>>,
+}
+
+/// Why a claim was refused: who holds the joined name, under which resource name.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    scanner: Arc<str>,
+    resource: String,
+}
+
+/// The name a resource's socket and CDI spec are derived from.
+fn joined(namespace: &str, dev_type: &str) -> String {
+    format!("{namespace}-{dev_type}")
 }
 
 impl Claims {
-    /// Claims `resource` for `scanner`; `Err(owner)` if another scanner holds it.
-    fn claim(&self, resource: &str, scanner: &Arc<str>) -> Result<(), Arc<str>> {
+    /// Claims `namespace/dev_type` for `scanner`; `Err` names who holds its joined name.
+    fn claim(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) -> Result<(), Held> {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        match owners.get(resource) {
-            Some(owner) if owner != scanner => Err(owner.clone()),
+        let resource = format!("{namespace}/{dev_type}");
+        match owners.get(&joined(namespace, dev_type)) {
+            Some((owner, held)) if owner != scanner || *held != resource => Err(Held {
+                scanner: owner.clone(),
+                resource: held.clone(),
+            }),
             _ => {
-                owners.insert(resource.to_string(), scanner.clone());
+                owners.insert(joined(namespace, dev_type), (scanner.clone(), resource));
                 Ok(())
             }
         }
     }
 
-    /// Whether `scanner` holds `resource` or may claim it.
-    fn available(&self, resource: &str, scanner: &Arc<str>) -> bool {
+    /// Whether `scanner` holds `namespace/dev_type` or may claim it.
+    fn available(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) -> bool {
         let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        owners.get(resource).is_none_or(|owner| owner == scanner)
+        owners
+            .get(&joined(namespace, dev_type))
+            .is_none_or(|(owner, held)| {
+                owner == scanner && *held == format!("{namespace}/{dev_type}")
+            })
     }
 
-    fn release(&self, resource: &str, scanner: &Arc<str>) {
+    fn release(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        if owners.get(resource) == Some(scanner) {
-            owners.remove(resource);
+        let key = joined(namespace, dev_type);
+        if owners.get(&key).is_some_and(|(owner, _)| owner == scanner) {
+            owners.remove(&key);
         }
     }
 }
@@ -190,7 +221,7 @@ impl Manager {
             match event {
                 ScannerEvent::Tree(tree) => {
                     // Nobody else holds the tree by now: its changed groups are moved, not copied.
-                    self.apply_owned(Arc::unwrap_or_clone(tree));
+                    self.apply(Arc::unwrap_or_clone(tree));
                 }
                 ScannerEvent::Refused(_) | ScannerEvent::Failed { .. } | ScannerEvent::Finished => {
                     // Logged where they happen; the last good tree stays served.
@@ -208,20 +239,13 @@ impl Manager {
 
     /// Brings the servers in line with `tree`. Never waits. CDI specs are written first, so no
     /// device is served before the spec that describes it exists; only for the types this
-    /// scanner may serve, so a type another scanner holds never overwrites that one's spec.
-    pub fn apply(&mut self, tree: &DeviceTree) -> TreeDiff {
-        self.apply_owned(tree.clone())
-    }
-
-    /// [`Manager::apply`] of a tree this manager may take apart: each changed group is moved
-    /// into the servers' shared copy (a 10,000-device group costs 1.5 ms to clone).
-    fn apply_owned(&mut self, tree: DeviceTree) -> TreeDiff {
+    /// scanner may serve, so a type another scanner holds never overwrites that one's spec. The
+    /// tree is taken apart: each changed group is moved into the servers' shared copy, not
+    /// copied (a 10,000-device group costs 1.5 ms to clone).
+    pub fn apply(&mut self, tree: DeviceTree) -> TreeDiff {
         let mut tree = match &mut self.cdi {
             Some(cdi) => {
-                let held = |t: &String| {
-                    let resource = format!("{}/{t}", self.namespace);
-                    self.claims.available(&resource, &self.scanner)
-                };
+                let held = |t: &String| self.claims.available(&self.namespace, t, &self.scanner);
                 if tree.0.keys().all(held) {
                     cdi.sync(&tree)
                 } else {
@@ -249,9 +273,10 @@ impl Manager {
         for dev_type in &d.removed {
             self.current.remove(dev_type);
             if let Some(server) = self.servers.remove(dev_type) {
-                self.claims.release(&server.resource().name, &self.scanner);
+                self.claims
+                    .release(&self.namespace, &server.resource().dev_type, &self.scanner);
                 tracing::info!(scanner = &*self.scanner, resource = %server.resource().name, "device type removed");
-                server.status().remove();
+                server.plugin().status().remove();
                 // Dropping cancels it; its task removes the socket on its own.
                 drop(server);
             }
@@ -259,7 +284,7 @@ impl Manager {
         for dev_type in &d.updated {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
             if let Some(server) = self.servers.get(dev_type) {
-                server.status().devices(&devices);
+                server.plugin().status().devices(&devices);
                 server.update(devices.clone());
             }
             self.current.insert(dev_type.clone(), devices);
@@ -269,7 +294,7 @@ impl Manager {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
             match self.start(dev_type, devices.clone()) {
                 Ok(server) => {
-                    server.status().devices(&devices);
+                    server.plugin().status().devices(&devices);
                     self.servers.insert(dev_type.clone(), server);
                     self.current.insert(dev_type.clone(), devices);
                 }
@@ -288,21 +313,29 @@ impl Manager {
         let resource = Resource::new(&self.namespace, dev_type, self.kubelet.dir.path())
             .map_err(|e| e.to_string())?;
         self.claims
-            .claim(&resource.name, &self.scanner)
-            .map_err(|owner| {
-                format!(
-                    "resource {} is already served by scanner {owner:?}; give one of them another namespace",
-                    resource.name
-                )
+            .claim(&self.namespace, dev_type, &self.scanner)
+            .map_err(|held| {
+                if held.resource == resource.name {
+                    format!(
+                        "resource {} is already served by scanner {:?}; give one of them another namespace",
+                        resource.name, held.scanner
+                    )
+                } else {
+                    format!(
+                        "resource {} would share the socket {} (and CDI spec name) of resource {}, served by scanner {:?}: kubelet names both files <namespace>-<dev-type>; give one of them another namespace",
+                        resource.name, resource.endpoint, held.resource, held.scanner
+                    )
+                }
             })?;
         tracing::info!(scanner = &*self.scanner, resource = %resource.name, devices = devices.len(), "serving new device type");
-        let resource_name = resource.name.clone();
+        let status = self.status.resource(&resource.name);
+        let served = ServedResource::new(resource.clone(), self.hooks.clone(), status.clone());
         Ok(ResourceServer::start(
             self.kubelet.clone(),
             resource,
             devices,
-            self.hooks.clone(),
-            self.status.resource(&resource_name),
+            served,
+            status,
         ))
     }
 
@@ -310,8 +343,9 @@ impl Manager {
     pub async fn stop_all(&mut self) {
         let servers = std::mem::take(&mut self.servers);
         for (_, server) in servers {
-            self.claims.release(&server.resource().name, &self.scanner);
-            let status = server.status().clone();
+            self.claims
+                .release(&self.namespace, &server.resource().dev_type, &self.scanner);
+            let status = server.plugin().status().clone();
             server.stop().await;
             status.remove();
         }
@@ -366,12 +400,33 @@ mod tests {
     fn claims_are_exclusive() {
         let claims = Claims::default();
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        claims.claim("ns/x", &a).unwrap();
-        claims.claim("ns/x", &a).unwrap();
-        assert_eq!(&*claims.claim("ns/x", &b).unwrap_err(), "a");
-        claims.release("ns/x", &b);
-        assert!(claims.claim("ns/x", &b).is_err());
-        claims.release("ns/x", &a);
-        claims.claim("ns/x", &b).unwrap();
+        claims.claim("ns", "x", &a).unwrap();
+        claims.claim("ns", "x", &a).unwrap();
+        assert_eq!(claims.claim("ns", "x", &b).unwrap_err().scanner, a);
+        claims.release("ns", "x", &b);
+        assert!(claims.claim("ns", "x", &b).is_err());
+        claims.release("ns", "x", &a);
+        claims.claim("ns", "x", &b).unwrap();
+    }
+
+    #[test]
+    fn names_that_share_a_socket_are_exclusive() {
+        // a.example/x-y and a.example-x/y: distinct resources, one socket file
+        // (a.example-x-y.sock) and one CDI spec name.
+        let claims = Claims::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        claims.claim("a.example", "x-y", &a).unwrap();
+        assert!(!claims.available("a.example-x", "y", &b));
+        let held = claims.claim("a.example-x", "y", &b).unwrap_err();
+        assert_eq!(
+            held,
+            Held {
+                scanner: a.clone(),
+                resource: "a.example/x-y".into()
+            }
+        );
+        assert!(claims.available("a.example", "x-y", &a));
+        claims.release("a.example", "x-y", &a);
+        claims.claim("a.example-x", "y", &b).unwrap();
     }
 }

@@ -3,23 +3,29 @@
 //! the DRA kubelet stand-in (`wdp_dra::kubelet`), beside a scanner of the same config still
 //! served through the device-plugin API to the device-plugin kubelet stand-in.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceClaimStatus,
+use k8s_openapi::api::core::v1::{
+    Container, ContainerExtendedResourceRequest, Pod, PodExtendedResourceClaimStatus, PodSpec,
+    PodStatus, ResourceRequirements,
 };
+use k8s_openapi::api::resource::v1::{
+    DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimConsumerReference,
+    ResourceClaimSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use wdp_dra::apiserver::standin::{ApiServerStandIn, validate};
-use wdp_dra::kubelet::KubeletStandIn;
+use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim, validate};
+use wdp_dra::kubelet::{KubeletStandIn, Options as KubeletOptions, PodError};
 use wdp_dra::plugin::ClaimRef;
 use wdp_dra::proto::dra_v1;
 use wdp_dra::proto::health_v1::HealthStatus;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
-use wdp_tests::{eventually, guest};
+use wdp_tests::{eventually, eventually_within, guest};
 
 const DRIVER: &str = "devices.example.com";
 const NODE: &str = "node-1";
@@ -71,6 +77,38 @@ node:
     ))
 }
 
+/// A fixture with /dev/kvm, kubelet's directories in it, the API server stand-in and
+/// [`config`]'s file.
+async fn setup() -> (Fixture, KubeletDirs, ApiServerStandIn, PathBuf) {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
+    let config = config(&f, &dirs, &api);
+    (f, dirs, api, config)
+}
+
+/// `wdp run` of `config` beside a DRA kubelet (started with `options`) and a device-plugin
+/// kubelet, until the driver is registered and kvm-0 and kvm-1 are published.
+async fn serve_registered(
+    f: &Fixture,
+    dirs: &KubeletDirs,
+    api: &ApiServerStandIn,
+    config: &Path,
+    options: KubeletOptions,
+) -> (KubeletStandIn, wdp_kubelet::standin::StandIn, Seen, Host) {
+    let kubelet = KubeletStandIn::start_with(&dirs.registry, api, NODE, options);
+    let (dp_kubelet, seen, host) = wdp_tests::host::serve(f, config, &f.plugin_dir());
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    until_published(api, &["kvm-0", "kvm-1"]).await;
+    (kubelet, dp_kubelet, seen, host)
+}
+
 /// The (pool, device) names of the driver's slices on the node, sorted; every slice valid by
 /// the API server's rules.
 fn published(api: &ApiServerStandIn) -> Vec<(String, String)> {
@@ -101,6 +139,15 @@ fn attribute(api: &ApiServerStandIn, device: &str, key: &str) -> Option<String> 
         .clone()
 }
 
+/// The UIDs of the driver's slices: a slice deleted and created again has a new one.
+fn slice_uids(api: &ApiServerStandIn) -> Vec<String> {
+    api.slices()
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .filter_map(|s| s.metadata.uid)
+        .collect()
+}
+
 async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
     let want: Vec<(String, String)> = devices
         .iter()
@@ -114,30 +161,7 @@ async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
 
 /// A claim as the scheduler leaves it: `request` allocated `device` of this driver's pool.
 fn allocated(name: &str, request: &str, device: &str) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            namespace: Some("default".into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(vec![DeviceRequestAllocationResult {
-                        driver: DRIVER.into(),
-                        pool: NODE.into(),
-                        device: device.into(),
-                        request: request.into(),
-                        ..Default::default()
-                    }]),
-                    config: None,
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
+    allocated_claim("default", name, DRIVER, NODE, &[(request, device)])
 }
 
 fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
@@ -171,19 +195,13 @@ fn resolve_cdi(dir: &Path, name: &str) -> Option<serde_json::Value> {
 /// the same config served as before throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
+    let (f, dirs, api, config) = setup().await;
     f.char_dev("net/tun", 10, 200);
     // /dev/kvm's sysfs device sits below a PCI function: its placement reaches the slices.
     let function = f.pci_device("0000:00:1f.0", &[]);
     f.sys_dir(&format!("{function}/misc/kvm"));
     f.sys_dir("dev/char");
     f.sys_link("dev/char/10:232", &format!("../../{function}/misc/kvm"));
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
     let plugins = f.plugin_dir();
     let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
     let started = Instant::now();
@@ -249,8 +267,8 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     let again = kubelet.prepare(DRIVER, &[claim_ref(&claim)]).await.unwrap();
     let repeated = repeated.elapsed();
     assert_eq!(again, answer, "prepared twice, one answer");
-    // Informative, printed with --nocapture: the stand-in connects per call (kubelet keeps one
-    // connection per driver), so this is an upper bound of Prepare's own time.
+    // Informative, printed with --nocapture: the first call includes the stand-in's connecting
+    // (it keeps one connection per driver after, as kubelet does).
     eprintln!(
         "wdp run start to slices published: {published_after:?}; Prepare: {first:?} first, {repeated:?} repeated (checkpointed)"
     );
@@ -357,38 +375,47 @@ async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, Stri
 /// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_on_readyz() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
-    let plugins = f.plugin_dir();
+    let (f, dirs, api, config) = setup().await;
     let kubelet = KubeletStandIn::start_refusing(
         &dirs.registry,
         &api,
         NODE,
         Some("driver name already registered".into()),
     );
-    let (dp_kubelet, observed) =
-        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
-    let mut seen = Seen::new(observed);
-    let (host, addr) = with_metrics(&f, &config, &plugins).await;
-    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
-    let body = eventually("/readyz with kubelet's refusal", || async {
-        let (code, body) = http_get(&addr, "/readyz").await.ok()?;
-        assert_eq!(code, 503, "ready though kubelet refused the driver: {body}");
-        (body.contains(
-            "scanner kvm: DRA driver devices.example.com: kubelet refused the registration: driver name already registered",
-        ) && !body.contains("net.example.com"))
-        .then_some(body)
-    })
+    let (host, dp_kubelet) = not_ready_for(
+        &f,
+        &config,
+        "scanner kvm: DRA driver devices.example.com: kubelet refused the registration: driver name already registered",
+    )
     .await;
-    assert_eq!(body.lines().count(), 2, "{body}");
     assert!(kubelet.registrations(DRIVER) >= 1);
     assert!(host.terminate().await.success());
     dp_kubelet.stop().await;
+}
+
+/// `wdp run` of `config`, until its device-plugin scanner serves and `/readyz` answers 503 with
+/// `reason` as the one line besides its heading (the device-plugin scanner ready meanwhile).
+async fn not_ready_for(
+    f: &Fixture,
+    config: &Path,
+    reason: &str,
+) -> (Host, wdp_kubelet::standin::StandIn) {
+    let plugins = f.plugin_dir();
+    let (dp_kubelet, observed) =
+        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = with_metrics(f, config, &plugins).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let body = eventually(&format!("/readyz with {reason:?}"), || async {
+        let (code, body) = http_get(&addr, "/readyz").await.ok()?;
+        assert_eq!(code, 503, "ready though it should not be: {body}");
+        // The device-plugin scanner's resource registers meanwhile: then only the driver is
+        // left.
+        (body.contains(reason) && !body.contains("net.example.com")).then_some(body)
+    })
+    .await;
+    assert_eq!(body.lines().count(), 2, "{body}");
+    (host, dp_kubelet)
 }
 
 /// Hot reload adds and removes DRA scanners: removed, its sockets go (and kubelet's watcher
@@ -396,22 +423,10 @@ async fn a_refused_registration_is_on_readyz() {
 /// again; a reload breaking a DRA rule (no CDI) is refused and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_adds_and_removes_dra_scanners() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let full = std::fs::read_to_string(&config).unwrap();
-    let plugins = f.plugin_dir();
-    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
-    let (dp_kubelet, mut seen, host) = wdp_tests::host::serve(&f, &config, &plugins);
-    kubelet
-        .registered(DRIVER, Duration::from_secs(20))
-        .await
-        .expect("registered");
-    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    let (kubelet, dp_kubelet, mut seen, host) =
+        serve_registered(&f, &dirs, &api, &config, KubeletOptions::default()).await;
     seen.devices("net.example.com/kvm", &["kvm-0"]).await;
     let reg_socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
 
@@ -478,35 +493,276 @@ async fn reload_adds_and_removes_dra_scanners() {
 /// serves nothing and keeps the host not ready with why; the device-plugin scanner is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_without_its_api_server_is_on_readyz() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let dirs = KubeletDirs::new(&f);
-    let api = ApiServerStandIn::start()
-        .await
-        .expect("the API server stand-in");
-    let config = config(&f, &dirs, &api);
+    let (f, dirs, api, config) = setup().await;
     let text = std::fs::read_to_string(&config).unwrap();
     let in_cluster = text.replace(&format!("http://{}", api.addr()), "in-cluster");
     assert_ne!(in_cluster, text);
     std::fs::write(&config, in_cluster).unwrap();
-    let plugins = f.plugin_dir();
-    let (dp_kubelet, observed) =
-        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
-    let mut seen = Seen::new(observed);
-    let (host, addr) = with_metrics(&f, &config, &plugins).await;
-    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
-    let body = eventually("/readyz naming the API server", || async {
-        let (code, body) = http_get(&addr, "/readyz").await.ok()?;
-        assert_eq!(code, 503, "ready without an API server: {body}");
-        // The device-plugin scanner's resource registers meanwhile: then only the driver is
-        // left.
-        (body.contains("scanner kvm: DRA driver devices.example.com: the API server")
-            && !body.contains("net.example.com"))
-        .then_some(body)
-    })
+    let (host, dp_kubelet) = not_ready_for(
+        &f,
+        &config,
+        "scanner kvm: DRA driver devices.example.com: the API server",
+    )
     .await;
-    assert_eq!(body.lines().count(), 2, "{body}");
     assert!(!dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
     assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
+
+/// The pod kubelet admits in KEP-5004's path: containers `a` and `b` each with
+/// `resources.limits: devices.example.com/kvm: 1`, and the status the scheduler leaves: its claim
+/// `claim` and which request serves which container.
+fn extended_resource_pod(uid: &str, claim: &str) -> Pod {
+    let container = |name: &str| Container {
+        name: name.into(),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                format!("{DRIVER}/kvm"),
+                Quantity("1".into()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mapping = |container: &str, request: &str| ContainerExtendedResourceRequest {
+        container_name: container.into(),
+        resource_name: format!("{DRIVER}/kvm"),
+        request_name: request.into(),
+    };
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some("default".into()),
+            name: Some("vm-pair".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container("a"), container("b")],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            extended_resource_claim_status: Some(PodExtendedResourceClaimStatus {
+                resource_claim_name: claim.into(),
+                request_mappings: vec![
+                    mapping("a", "container-0-request-0"),
+                    mapping("b", "container-1-request-0"),
+                ],
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The claim the scheduler makes for [`extended_resource_pod`]: one request per container
+/// (named as the scheduler names them), `container-0-request-0` allocated kvm-0 and
+/// `container-1-request-0` kvm-1, reserved for the pod with UID `reserved_for`.
+fn scheduler_claim(name: &str, reserved_for: &str) -> ResourceClaim {
+    let request = |name: &str| DeviceRequest {
+        name: name.into(),
+        exactly: Some(ExactDeviceRequest {
+            device_class_name: "kvm.devices.wdp.dev".into(),
+            count: Some(1),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut claim = allocated_claim(
+        "default",
+        name,
+        DRIVER,
+        NODE,
+        &[
+            ("container-0-request-0", "kvm-0"),
+            ("container-1-request-0", "kvm-1"),
+        ],
+    );
+    claim.metadata.annotations = Some(BTreeMap::from([(
+        "resource.kubernetes.io/extended-resource-claim".into(),
+        "true".into(),
+    )]));
+    claim.spec = Some(ResourceClaimSpec {
+        devices: Some(DeviceClaim {
+            requests: Some(vec![
+                request("container-0-request-0"),
+                request("container-1-request-0"),
+            ]),
+            ..Default::default()
+        }),
+    });
+    if let Some(status) = claim.status.as_mut() {
+        status.reserved_for = Some(vec![ResourceClaimConsumerReference {
+            resource: "pods".into(),
+            name: "vm-pair".into(),
+            uid: reserved_for.into(),
+            ..Default::default()
+        }]);
+    }
+    claim
+}
+
+/// KEP-5004 end to end: a pod whose two containers each ask `limits: devices.example.com/kvm: 1`
+/// on a node where the kvm scanner runs with `frontend: dra`, and the claim the scheduler made
+/// for it; the DRA kubelet stand-in prepares it through wdp and each container gets the CDI ids
+/// of its own request's device only. They, and the edits of the spec files they name, are what
+/// the same scanner's Allocate gives for the same devices in device-plugin mode. A claim
+/// reserved for another pod is refused; the pod's claim is unprepared when it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_asking_for_an_extended_resource_gets_each_container_its_own_devices() {
+    let (f, dirs, api, config) = setup().await;
+    let plugins = f.plugin_dir();
+    let (kubelet, dp_kubelet, mut seen, host) =
+        serve_registered(&f, &dirs, &api, &config, KubeletOptions::default()).await;
+
+    // Reserved for another pod: kubelet refuses before calling the driver.
+    api.insert_claim(scheduler_claim("vm-pair-other", "another-pod"));
+    let refused = kubelet
+        .prepare_pod(&extended_resource_pod("pod-uid-1", "vm-pair-other"))
+        .await
+        .expect_err("not reserved for this pod");
+    assert!(matches!(refused, PodError::NotReserved { .. }), "{refused}");
+
+    api.insert_claim(scheduler_claim(
+        "vm-pair-extended-resources-x7k2p",
+        "pod-uid-1",
+    ));
+    let pod = extended_resource_pod("pod-uid-1", "vm-pair-extended-resources-x7k2p");
+    let got = kubelet
+        .prepare_pod(&pod)
+        .await
+        .expect("the pod's claim prepared");
+    let a = vec![format!("{DRIVER}/kvm=kvm-0")];
+    let b = vec![format!("{DRIVER}/kvm=kvm-1")];
+    assert_eq!(
+        got,
+        BTreeMap::from([("a".to_string(), a.clone()), ("b".to_string(), b.clone())]),
+        "each container its own request's device"
+    );
+    let dra_edits: Vec<serde_json::Value> = [&a[0], &b[0]]
+        .iter()
+        .map(|id| resolve_cdi(&f.path().join("cdi"), id).expect("the runtime resolves it"))
+        .collect();
+    assert_eq!(dra_edits[0]["deviceNodes"][0]["path"], "/dev/kvm");
+    assert_eq!(
+        kubelet.prepare_pod(&pod).await.expect("admitted again"),
+        got,
+        "one answer"
+    );
+    kubelet.unprepare_pod(&pod).await.expect("unprepared");
+    assert!(
+        !std::fs::read_to_string(dirs.plugins.join(DRIVER).join("checkpoint.json"))
+            .unwrap()
+            .contains("x7k2p"),
+        "the claim left the driver's checkpoint"
+    );
+    assert!(host.terminate().await.success());
+
+    // The same scanner in device-plugin mode: Allocate of the same devices, one container each.
+    let dp_config = f.write_config(&format!(
+        "scanners:
+  - name: kvm
+    component: {guest}
+    namespace: {DRIVER}
+    env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 600000 }}
+    cdi: {{ dir: {cdi} }}
+",
+        guest = guest("kvm").display(),
+        cdi = f.path().join("cdi-dp").display(),
+    ));
+    let host = Host::start(&dp_config, &plugins, &f);
+    seen.devices(&format!("{DRIVER}/kvm"), &["kvm-0", "kvm-1"])
+        .await;
+    for (device, ids, edits) in [("kvm-0", &a, &dra_edits[0]), ("kvm-1", &b, &dra_edits[1])] {
+        let answer = dp_kubelet
+            .allocate(&format!("{DRIVER}/kvm"), &[device])
+            .await
+            .expect("Allocate in device-plugin mode");
+        let names: Vec<String> = answer.container_responses[0]
+            .cdi_devices
+            .iter()
+            .map(|d| d.name.clone())
+            .collect();
+        assert_eq!(&names, ids, "{device}: the CDI ids Allocate gives");
+        assert_eq!(
+            resolve_cdi(&f.path().join("cdi-dp"), &names[0]).as_ref(),
+            Some(edits),
+            "{device}: the same edits"
+        );
+    }
+    assert!(host.terminate().await.success());
+    drop(seen);
+    dp_kubelet.stop().await;
+}
+
+/// kubelet's two wipes of slices and a watch event lost on the way: the driver gone longer than
+/// kubelet's wiping delay (shortened here) loses its slices, and the next wdp publishes them
+/// again; a kubelet starting deletes every slice of its node, and they come back; slices deleted
+/// while the watch hears nothing of it come back through the periodic re-list (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slices_come_back_after_kubelet_wipes_them_and_after_a_lost_watch_event() {
+    let (f, dirs, api, config) = setup().await;
+    let plugins = f.plugin_dir();
+    let options = KubeletOptions {
+        wiping_delay: Duration::from_millis(300),
+        ..KubeletOptions::default()
+    };
+    let (kubelet, dp_kubelet, seen, host) =
+        serve_registered(&f, &dirs, &api, &config, options.clone()).await;
+
+    // wdp stops: its sockets go, kubelet deregisters the driver and wipes its slices.
+    assert!(host.terminate().await.success());
+    until_published(&api, &[]).await;
+    let host = Host::start(&config, &plugins, &f);
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered again");
+
+    // kubelet starts again: every slice of its node deleted, and published again.
+    kubelet.stop();
+    let before = slice_uids(&api);
+    let kubelet = KubeletStandIn::start_with(&dirs.registry, &api, NODE, options);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered with the new kubelet");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    let after = slice_uids(&api);
+    assert!(
+        before.iter().all(|uid| !after.contains(uid)),
+        "deleted and created again: {before:?} then {after:?}"
+    );
+
+    // The deletion's events lost: the watch sees nothing, the re-list brings them back. The
+    // wipe comes just after a re-list (the publisher's list call), so the next is 10 s away.
+    let lists = api.lists();
+    eventually_within(Duration::from_secs(15), "a periodic re-list", || async {
+        (api.lists() > lists).then_some(())
+    })
+    .await;
+    api.lose_watch_events(true);
+    let wiped = Instant::now();
+    assert!(api.wipe_slices(Some(NODE), Some(DRIVER)) > 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        published(&api),
+        Vec::<(String, String)>::new(),
+        "nothing heard, nothing repaired yet"
+    );
+    eventually_within(
+        Duration::from_secs(15),
+        "slices back through the re-list",
+        || async { (published(&api).len() == 2).then_some(()) },
+    )
+    .await;
+    let back = wiped.elapsed();
+    assert!(
+        back < Duration::from_secs(12),
+        "back after {back:?}: within one re-list period (10 s)"
+    );
+    eprintln!("slices back {back:?} after a lost watch event");
+    api.lose_watch_events(false);
+    assert!(host.terminate().await.success());
+    drop(seen);
     dp_kubelet.stop().await;
 }

@@ -21,6 +21,7 @@ mod cdi_podman;
 mod contract_minor;
 mod deploy;
 mod dra;
+mod dra_catalogue;
 mod faults;
 mod image;
 mod kubelet;

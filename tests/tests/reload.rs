@@ -292,10 +292,14 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
     // A resource already served by another scanner: the config is valid (which resources a
     // scanner reports is known only once it runs), the newcomer's clashing type is not served,
     // and a is not disturbed.
+    // Two distinct names that kubelet would give one socket (b.example-x-y.sock, and one CDI
+    // spec name): whichever of x and y claims it second is not served.
     let dup = generic("dup", "a.example.com", "video", "/dev/video*");
-    write_renamed(&path, &config(&[a(), b_serial(), dup]));
+    let x = generic("x", "b.example", "x-y", "/dev/video*");
+    let y = generic("y", "b.example-x", "y", "/dev/video*");
+    write_renamed(&path, &config(&[a(), b_serial(), dup, x, y]));
     host.logged(
-        "config reloaded: added [dup], removed [], changed [], unchanged [a, b]",
+        "config reloaded: added [dup, x, y], removed [], changed [], unchanged [a, b]",
         1,
     )
     .await;
@@ -304,11 +308,13 @@ async fn invalid_configs_are_refused_and_the_old_one_keeps_running() {
         1,
     )
     .await;
+    host.logged("would share the socket b.example-x-y.sock", 1)
+        .await;
 
     // And a good config applies.
     write_renamed(&path, &config(&[a(), b_acm()]));
     host.logged(
-        "config reloaded: added [], removed [dup], changed [b], unchanged [a]",
+        "config reloaded: added [], removed [dup, x, y], changed [b], unchanged [a]",
         1,
     )
     .await;

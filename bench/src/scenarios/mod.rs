@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`hotplug`] | `hotplug`, `poll`, `newtype` |
 //! | [`allocate`] | `allocate` |
+//! | [`dra`] | `dra` (DRA mode: slices and NodePrepareResources) |
 //! | [`restart`] | `restart` |
 //! | [`streamcut`] | `streamcut` |
 //! | [`startup`] | `startup` |
@@ -17,6 +18,7 @@
 
 pub mod allocate;
 pub mod bulk;
+pub mod dra;
 pub mod hotplug;
 pub mod idle;
 pub mod micro;

@@ -11,10 +11,20 @@
 //!   `NotifyRegistrationStatus`; a socket bound again (another inode) is registered again, a
 //!   socket removed deregisters the driver;
 //! - it calls `NodePrepareResources` and `NodeUnprepareResources` on the endpoint the driver
-//!   gave, with kubelet's 45 s timeout, through the service version it picked, and opens the
-//!   `NodeWatchResources` health stream of a driver that advertised `v1.DRAResourceHealth`.
+//!   gave, over one connection per driver kept until the driver registers again, with kubelet's
+//!   45 s timeout, through the service version it picked, and opens the
+//!   `NodeWatchResources` health stream of a driver that advertised `v1.DRAResourceHealth`;
+//! - 30 s after a driver is gone (its registration socket removed) and not back, it deletes the
+//!   driver's slices on its node (`defaultWipingDelay` in `pkg/kubelet/cm/dra/manager.go`, the
+//!   pending wipe of `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`'s `wipeResourceSlices`,
+//!   cancelled when the driver registers again); [`Options::wiping_delay`] shortens it for tests;
+//! - a pod's claims are prepared and handed to its containers as `pkg/kubelet/cm/dra/manager.go`
+//!   does ([`KubeletStandIn::prepare_pod`]): the claims of `spec.resourceClaims` and, for a pod
+//!   whose containers ask for an extended resource served by DRA (KEP-5004), the claim the
+//!   scheduler made for it (`status.extendedResourceClaimStatus`); each container gets the CDI
+//!   ids of its own requests only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,7 +35,12 @@ use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::apiserver::client::ApiClient;
 use crate::apiserver::standin::ApiServerStandIn;
+use crate::apiserver::{ApiError, ClaimSource};
 use crate::plugin::ClaimRef;
 use crate::proto::pluginregistration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
@@ -37,6 +52,29 @@ use crate::registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1, PLUGIN_TYPE};
 pub const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// How often the stand-in's plugin watcher looks at the registry directory.
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+/// kubelet's delay between a driver going away and the deletion of its slices
+/// (`defaultWipingDelay`): long enough for a DaemonSet's pod to be replaced.
+pub const WIPING_DELAY: Duration = Duration::from_secs(30);
+
+/// How the stand-in behaves where a test needs it to differ from kubelet's defaults.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// What every registration is refused with, when set (as kubelet refuses a driver name
+    /// already registered, or a version it does not speak).
+    pub refuse: Option<String>,
+    /// How long after a driver is gone its slices are deleted ([`WIPING_DELAY`] by default; a
+    /// test shortens it rather than waiting half a minute).
+    pub wiping_delay: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            refuse: None,
+            wiping_delay: WIPING_DELAY,
+        }
+    }
+}
 
 /// A driver the stand-in registered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,17 +97,122 @@ struct State {
     seen: BTreeMap<PathBuf, (u64, u64)>,
     /// What every registration is refused with, when set.
     refuse: Option<String>,
+    /// Deregistrations per driver: a pending wipe is dropped when the driver came back (or went
+    /// again, which starts a wipe of its own) meanwhile.
+    departures: BTreeMap<String, u64>,
+    /// The wipes waiting for their delay; stopped with the stand-in.
+    wipes: Vec<JoinHandle<()>>,
+    /// The claims prepared for pods, by (namespace, name): kubelet's claim info cache.
+    claims: BTreeMap<(String, String), ClaimInfo>,
+    /// One connection per registered driver, as kubelet keeps (dropped when it registers again).
+    channels: BTreeMap<String, Channel>,
 }
+
+/// What kubelet keeps of a claim it prepared (`ClaimInfo` of `pkg/kubelet/cm/dra/claiminfo.go`).
+#[derive(Clone, Debug)]
+struct ClaimInfo {
+    uid: String,
+    /// The drivers of its allocation results: each is asked to prepare it.
+    drivers: BTreeSet<String>,
+    /// The pods using it: it is unprepared when the last one goes.
+    pods: BTreeSet<String>,
+    /// Every driver's answer, once prepared.
+    devices: Vec<dra_v1::Device>,
+    prepared: bool,
+}
+
+impl ClaimInfo {
+    /// Adds the claim `namespace/name` to the call of each of its drivers.
+    fn batch(&self, batches: &mut BTreeMap<String, Vec<ClaimRef>>, namespace: &str, name: &str) {
+        for driver in &self.drivers {
+            batches.entry(driver.clone()).or_default().push(ClaimRef {
+                namespace: namespace.to_owned(),
+                uid: self.uid.clone(),
+                name: name.to_owned(),
+            });
+        }
+    }
+}
+
+/// Why a pod's claims could not be prepared or unprepared: kubelet's reasons, reported with the
+/// pod.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// Reading a claim from the API server failed.
+    #[error("fetch ResourceClaim {claim}: {source}")]
+    Api {
+        /// The claim's name.
+        claim: String,
+        /// What the client said.
+        source: ApiError,
+    },
+    /// The pod names a claim that does not exist.
+    #[error("ResourceClaim {0} not found")]
+    Missing(String),
+    /// The claim is not reserved for this pod (`resourceclaim.IsReservedForPod`).
+    #[error("pod {pod} is not allowed to use ResourceClaim {claim}")]
+    NotReserved {
+        /// The pod's name.
+        pod: String,
+        /// The claim's name.
+        claim: String,
+    },
+    /// The claim has no allocation yet.
+    #[error("ResourceClaim {0} is not allocated")]
+    NotAllocated(String),
+    /// A claim of that name with another UID is still prepared (the old pod force-deleted).
+    #[error("old ResourceClaim with same name {claim} and different UID {uid} still exists")]
+    Replaced {
+        /// The claim's name.
+        claim: String,
+        /// The UID prepared before.
+        uid: String,
+    },
+    /// The driver could not be called, or failed the whole call.
+    #[error("{0}")]
+    Driver(#[from] tonic::Status),
+    /// The driver refused one claim.
+    #[error("NodePrepareResources failed for ResourceClaim {claim}: {error}")]
+    Prepare {
+        /// The claim's name.
+        claim: String,
+        /// The driver's error.
+        error: String,
+    },
+    /// The driver left a claim out of its answer.
+    #[error("{call} skipped ResourceClaim {claim}")]
+    Skipped {
+        /// NodePrepareResources or NodeUnprepareResources.
+        call: &'static str,
+        /// The claim's name.
+        claim: String,
+    },
+    /// The driver refused to unprepare one claim.
+    #[error("NodeUnprepareResources failed for ResourceClaim {claim}: {error}")]
+    Unprepare {
+        /// The claim's name.
+        claim: String,
+        /// The driver's error.
+        error: String,
+    },
+}
+
+/// The CDI device ids each container of a pod gets, by container name.
+pub type ContainerDevices = BTreeMap<String, Vec<String>>;
 
 /// The stand-in; its watcher stops when it is dropped.
 pub struct KubeletStandIn {
     state: Arc<Mutex<State>>,
     watcher: JoinHandle<()>,
+    api: ApiClient,
 }
 
 impl Drop for KubeletStandIn {
     fn drop(&mut self) {
         self.watcher.abort();
+        for wipe in lock(&self.state).wipes.drain(..) {
+            wipe.abort();
+        }
     }
 }
 
@@ -80,7 +223,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl KubeletStandIn {
     /// Starts kubelet on `node`: wipes the node's slices in `api`, then watches `registry`.
     pub fn start(registry: &Path, api: &ApiServerStandIn, node: &str) -> Self {
-        Self::start_refusing(registry, api, node, None)
+        Self::start_with(registry, api, node, Options::default())
     }
 
     /// [`KubeletStandIn::start`], refusing every registration with `reason` when it is set (as
@@ -91,17 +234,200 @@ impl KubeletStandIn {
         node: &str,
         reason: Option<String>,
     ) -> Self {
+        let options = Options {
+            refuse: reason,
+            ..Options::default()
+        };
+        Self::start_with(registry, api, node, options)
+    }
+
+    /// [`KubeletStandIn::start`] as `options` say.
+    pub fn start_with(
+        registry: &Path,
+        api: &ApiServerStandIn,
+        node: &str,
+        options: Options,
+    ) -> Self {
         api.wipe_slices(Some(node), None);
         let state = Arc::new(Mutex::new(State {
-            refuse: reason,
+            refuse: options.refuse,
             ..State::default()
         }));
-        let watcher = tokio::spawn(watch(registry.to_path_buf(), state.clone()));
-        Self { state, watcher }
+        let wiper = Wiper {
+            api: api.client(),
+            node: node.to_owned(),
+            delay: options.wiping_delay,
+        };
+        let watcher = tokio::spawn(watch(registry.to_path_buf(), state.clone(), wiper));
+        Self {
+            state,
+            watcher,
+            api: api.client(),
+        }
     }
 
     /// Stops the watcher: the stand-in keeps what it registered but sees nothing new.
     pub fn stop(self) {}
+
+    /// Prepares the claims of `pod` and returns what each of its containers gets, as kubelet's
+    /// `Manager.PrepareResources` and then `Manager.GetResources` for each container
+    /// (`pkg/kubelet/cm/dra/manager.go`):
+    ///
+    /// - the claims are those of `spec.resourceClaims` (by `resourceClaimName`, or the name
+    ///   `status.resourceClaimStatuses` gives a claim made from a template) and, when set,
+    ///   `status.extendedResourceClaimStatus.resourceClaimName`: the claim the scheduler made for
+    ///   the extended resources DRA serves;
+    /// - each is read from the API server and must be reserved for the pod (by UID, as
+    ///   `resourceclaim.IsReservedForPod`) and allocated; a cached claim of that name with
+    ///   another UID is refused; the pod is added to the claim's users;
+    /// - claims not prepared yet are sent, batched per driver of their allocation results, in one
+    ///   NodePrepareResources call per driver; any error, or a claim left out, fails the pod;
+    /// - a container gets, for each `resources.claims` entry naming a pod claim, the CDI ids of
+    ///   that claim's devices for the entry's request (all of them without a request), and, for
+    ///   each extended resource it requests (non-zero, after the API server's defaulting of
+    ///   requests from limits) with a `requestMappings` entry of its name and that resource, the
+    ///   CDI ids of the mapped request's devices (`ClaimInfo.cdiDevicesAsList`: a device
+    ///   answered without request names goes to every request).
+    pub async fn prepare_pod(&self, pod: &Pod) -> Result<ContainerDevices, PodError> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+        // The validation pass, before the cache changes: a failing pod leaves nothing behind.
+        let mut claims = Vec::new();
+        for name in claim_names(pod) {
+            let claim = self
+                .api
+                .get_claim(&namespace, &name)
+                .await
+                .map_err(|source| PodError::Api {
+                    claim: name.clone(),
+                    source,
+                })?
+                .ok_or_else(|| PodError::Missing(name.clone()))?;
+            if !reserved_for(&claim, &pod_uid) {
+                return Err(PodError::NotReserved {
+                    pod: pod_name,
+                    claim: name,
+                });
+            }
+            let drivers =
+                allocated_drivers(&claim).ok_or_else(|| PodError::NotAllocated(name.clone()))?;
+            for driver in &drivers {
+                self.driver(driver)?;
+            }
+            claims.push((
+                name,
+                claim.metadata.uid.clone().unwrap_or_default(),
+                drivers,
+            ));
+        }
+        let mut batches: BTreeMap<String, Vec<ClaimRef>> = BTreeMap::new();
+        {
+            let mut s = lock(&self.state);
+            for (name, uid, drivers) in &claims {
+                let info = s
+                    .claims
+                    .entry((namespace.clone(), name.clone()))
+                    .or_insert_with(|| ClaimInfo {
+                        uid: uid.clone(),
+                        drivers: drivers.clone(),
+                        pods: BTreeSet::new(),
+                        devices: Vec::new(),
+                        prepared: false,
+                    });
+                if info.uid != *uid {
+                    return Err(PodError::Replaced {
+                        claim: name.clone(),
+                        uid: info.uid.clone(),
+                    });
+                }
+                info.pods.insert(pod_uid.clone());
+                if info.prepared {
+                    continue;
+                }
+                info.batch(&mut batches, &namespace, name);
+            }
+        }
+        let mut answered: BTreeMap<(String, String), Vec<dra_v1::Device>> = BTreeMap::new();
+        for (driver, refs) in &batches {
+            let mut answer = self.prepare(driver, refs).await?;
+            for claim in refs {
+                let result = answered_for(&mut answer, claim, "NodePrepareResources")?;
+                if !result.error.is_empty() {
+                    return Err(PodError::Prepare {
+                        claim: claim.name.clone(),
+                        error: result.error,
+                    });
+                }
+                answered
+                    .entry((claim.namespace.clone(), claim.name.clone()))
+                    .or_default()
+                    .extend(result.devices);
+            }
+        }
+        let mut s = lock(&self.state);
+        for (key, devices) in answered {
+            if let Some(info) = s.claims.get_mut(&key) {
+                info.devices = devices;
+                info.prepared = true;
+            }
+        }
+        let mut out = ContainerDevices::new();
+        let containers = pod.spec.iter().flat_map(|spec| {
+            spec.init_containers
+                .iter()
+                .flatten()
+                .chain(spec.containers.iter())
+        });
+        for container in containers {
+            let ids = container_devices(pod, container, &namespace, &s.claims);
+            out.insert(container.name.clone(), ids);
+        }
+        Ok(out)
+    }
+
+    /// Unprepares the claims of `pod`, as kubelet's `Manager.UnprepareResources`: claims it
+    /// never prepared are skipped, a claim other pods still use only loses this pod, the others
+    /// are sent to their drivers in one NodeUnprepareResources call per driver and forgotten once
+    /// every driver succeeded.
+    pub async fn unprepare_pod(&self, pod: &Pod) -> Result<(), PodError> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut batches: BTreeMap<String, Vec<ClaimRef>> = BTreeMap::new();
+        let mut done = Vec::new();
+        {
+            let mut s = lock(&self.state);
+            for name in claim_names(pod) {
+                let key = (namespace.clone(), name.clone());
+                let Some(info) = s.claims.get_mut(&key) else {
+                    continue;
+                };
+                if info.pods.len() > 1 {
+                    info.pods.remove(&pod_uid);
+                    continue;
+                }
+                info.batch(&mut batches, &namespace, &name);
+                done.push(key);
+            }
+        }
+        for (driver, refs) in &batches {
+            let mut answer = self.unprepare(driver, refs).await?;
+            for claim in refs {
+                let error = answered_for(&mut answer, claim, "NodeUnprepareResources")?;
+                if !error.is_empty() {
+                    return Err(PodError::Unprepare {
+                        claim: claim.name.clone(),
+                        error,
+                    });
+                }
+            }
+        }
+        let mut s = lock(&self.state);
+        for key in done {
+            s.claims.remove(&key);
+        }
+        Ok(())
+    }
 
     /// The driver `driver`, once registered (waits up to `within`).
     pub async fn registered(&self, driver: &str, within: Duration) -> Option<Registered> {
@@ -126,6 +452,19 @@ impl KubeletStandIn {
             .unwrap_or(0)
     }
 
+    /// The driver's connection: the one already open, or a new one kept for the next calls.
+    async fn channel(&self, driver: &str) -> Result<(Registered, Channel), tonic::Status> {
+        let plugin = self.driver(driver)?;
+        if let Some(channel) = lock(&self.state).channels.get(driver) {
+            return Ok((plugin, channel.clone()));
+        }
+        let channel = connect(&plugin.endpoint).await?;
+        lock(&self.state)
+            .channels
+            .insert(driver.to_owned(), channel.clone());
+        Ok((plugin, channel))
+    }
+
     fn driver(&self, driver: &str) -> Result<Registered, tonic::Status> {
         lock(&self.state)
             .drivers
@@ -143,8 +482,7 @@ impl KubeletStandIn {
         driver: &str,
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, dra_v1::NodePrepareResourceResponse>, tonic::Status> {
-        let plugin = self.driver(driver)?;
-        let channel = connect(&plugin.endpoint).await?;
+        let (plugin, channel) = self.channel(driver).await?;
         let claims: Vec<dra_v1::Claim> = claims.iter().map(v1_claim).collect();
         if plugin.version == DRA_V1 {
             let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(channel);
@@ -212,8 +550,7 @@ impl KubeletStandIn {
         driver: &str,
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, String>, tonic::Status> {
-        let plugin = self.driver(driver)?;
-        let channel = connect(&plugin.endpoint).await?;
+        let (plugin, channel) = self.channel(driver).await?;
         let claims: Vec<dra_v1::Claim> = claims.iter().map(v1_claim).collect();
         if plugin.version == DRA_V1 {
             let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(channel);
@@ -240,6 +577,180 @@ impl KubeletStandIn {
             .map(|(uid, r)| (uid, r.error))
             .collect())
     }
+}
+
+/// The driver's answer for `claim` out of a `call`'s answers; a claim left out fails the pod.
+fn answered_for<T>(
+    answers: &mut BTreeMap<String, T>,
+    claim: &ClaimRef,
+    call: &'static str,
+) -> Result<T, PodError> {
+    answers.remove(&claim.uid).ok_or_else(|| PodError::Skipped {
+        call,
+        claim: claim.name.clone(),
+    })
+}
+
+/// The claims of `pod` kubelet prepares, by name: `spec.resourceClaims` that name one (directly
+/// or through the name generated from a template, in `status.resourceClaimStatuses`), then the
+/// scheduler's claim for extended resources.
+fn claim_names(pod: &Pod) -> Vec<String> {
+    let mut names: Vec<String> = pod
+        .spec
+        .iter()
+        .flat_map(|spec| spec.resource_claims.iter().flatten())
+        .filter_map(|c| pod_claim_name(pod, &c.name))
+        .collect();
+    if let Some(extended) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+    {
+        names.push(extended.resource_claim_name.clone());
+    }
+    names
+}
+
+/// The ResourceClaim behind the pod's claim entry `entry` (`resourceclaim.Name`): its
+/// `resourceClaimName`, or the name generated for its template; `None` when there is none.
+fn pod_claim_name(pod: &Pod, entry: &str) -> Option<String> {
+    let spec = pod
+        .spec
+        .as_ref()?
+        .resource_claims
+        .iter()
+        .flatten()
+        .find(|c| c.name == entry)?;
+    if let Some(name) = &spec.resource_claim_name {
+        return Some(name.clone());
+    }
+    pod.status
+        .as_ref()?
+        .resource_claim_statuses
+        .iter()
+        .flatten()
+        .find(|s| s.name == entry)?
+        .resource_claim_name
+        .clone()
+}
+
+/// Whether `claim` is reserved for the pod with UID `pod_uid` (`resourceclaim.IsReservedForPod`).
+fn reserved_for(claim: &ResourceClaim, pod_uid: &str) -> bool {
+    claim
+        .status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .any(|r| r.resource == "pods" && r.uid == pod_uid)
+}
+
+/// The drivers of `claim`'s allocation results, `None` when it is not allocated.
+fn allocated_drivers(claim: &ResourceClaim) -> Option<BTreeSet<String>> {
+    let allocation = claim.status.as_ref()?.allocation.as_ref()?;
+    Some(
+        allocation
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten())
+            .map(|r| r.driver.clone())
+            .collect(),
+    )
+}
+
+/// What `container` of `pod` gets from the prepared `claims` (`Manager.GetResources`).
+fn container_devices(
+    pod: &Pod,
+    container: &Container,
+    namespace: &str,
+    claims: &BTreeMap<(String, String), ClaimInfo>,
+) -> Vec<String> {
+    let mut ids = Vec::new();
+    let info = |name: &str| claims.get(&(namespace.to_owned(), name.to_owned()));
+    let resources = container.resources.as_ref();
+    for entry in resources.iter().flat_map(|r| r.claims.iter().flatten()) {
+        if let Some(info) = pod_claim_name(pod, &entry.name).and_then(|n| info(&n)) {
+            ids.extend(cdi_devices(
+                info,
+                entry.request.as_deref().unwrap_or_default(),
+            ));
+        }
+    }
+    let Some(extended) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.extended_resource_claim_status.as_ref())
+    else {
+        return ids;
+    };
+    let Some(info) = info(&extended.resource_claim_name) else {
+        return ids;
+    };
+    for resource in requested(container) {
+        if !is_dra_extended_resource(&resource) {
+            continue;
+        }
+        for mapping in &extended.request_mappings {
+            if mapping.container_name == container.name && mapping.resource_name == resource {
+                ids.extend(cdi_devices(info, &mapping.request_name));
+            }
+        }
+    }
+    ids
+}
+
+/// The CDI ids of `info`'s devices for `request` (`ClaimInfo.cdiDevicesAsList`): every device
+/// when the request is empty, and a device answered without request names for any request.
+fn cdi_devices(info: &ClaimInfo, request: &str) -> Vec<String> {
+    info.devices
+        .iter()
+        .filter(|d| {
+            request.is_empty()
+                || d.request_names.is_empty()
+                || d.request_names.iter().any(|r| r == request)
+        })
+        .flat_map(|d| d.cdi_device_ids.iter().cloned())
+        .collect()
+}
+
+/// The resources `container` requests with a non-zero quantity, after the API server's
+/// defaulting (a resource in `limits` but not in `requests` is requested at its limit).
+fn requested(container: &Container) -> BTreeSet<String> {
+    let Some(resources) = &container.resources else {
+        return BTreeSet::new();
+    };
+    let mut requests = resources.requests.clone().unwrap_or_default();
+    for (name, limit) in resources.limits.iter().flatten() {
+        requests
+            .entry(name.clone())
+            .or_insert_with(|| limit.clone());
+    }
+    requests
+        .into_iter()
+        .filter(|(_, q)| !is_zero(&q.0))
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Whether a quantity (`0`, `0.0`, `0Mi`, `1`, `500m`) is zero.
+fn is_zero(quantity: &str) -> bool {
+    !quantity
+        .trim()
+        .trim_start_matches(['+', '0', '.'])
+        .starts_with(|c: char| c.is_ascii_digit())
+}
+
+/// Whether `name` is an extended resource DRA may serve (`schedutil.IsDRAExtendedResourceName`):
+/// a DeviceClass's implicit name (`deviceclass.resource.kubernetes.io/<class>`), or any name
+/// outside Kubernetes' own domains with a domain of its own (`v1helper.IsExtendedResourceName`).
+fn is_dra_extended_resource(name: &str) -> bool {
+    if name.starts_with("deviceclass.resource.kubernetes.io/") {
+        return true;
+    }
+    let Some((domain, _)) = name.split_once('/') else {
+        return false;
+    };
+    !name.starts_with("requests.")
+        && domain != "kubernetes.io"
+        && !domain.ends_with(".kubernetes.io")
 }
 
 fn timed<T>(message: T) -> tonic::Request<T> {
@@ -278,7 +789,7 @@ async fn connect(path: &Path) -> Result<Channel, tonic::Status> {
 }
 
 /// The plugin watcher: registers every new registration socket, forgets removed ones.
-async fn watch(registry: PathBuf, state: Arc<Mutex<State>>) {
+async fn watch(registry: PathBuf, state: Arc<Mutex<State>>, wiper: Wiper) {
     loop {
         let mut present = BTreeMap::new();
         if let Ok(entries) = std::fs::read_dir(&registry) {
@@ -315,7 +826,14 @@ async fn watch(registry: PathBuf, state: Arc<Mutex<State>>) {
             let mut s = lock(&state);
             s.seen.remove(&path);
             let driver = driver_of(&path);
-            s.drivers.remove(&driver);
+            s.channels.remove(&driver);
+            if s.drivers.remove(&driver).is_some() {
+                let departure = s.departures.entry(driver.clone()).or_default();
+                *departure += 1;
+                let wipe = tokio::spawn(wiper.clone().wipe(driver, *departure, state.clone()));
+                s.wipes.retain(|w| !w.is_finished());
+                s.wipes.push(wipe);
+            }
         }
         for (path, id) in new {
             // Marked seen even when it fails: kubelet retries only on a new socket event.
@@ -325,6 +843,31 @@ async fn watch(registry: PathBuf, state: Arc<Mutex<State>>) {
             }
         }
         tokio::time::sleep(WATCH_INTERVAL).await;
+    }
+}
+
+/// kubelet's deletion of a gone driver's slices on its node.
+#[derive(Clone)]
+struct Wiper {
+    api: ApiClient,
+    node: String,
+    delay: Duration,
+}
+
+impl Wiper {
+    /// After the delay, deletes `driver`'s slices on the node unless it registered again (or
+    /// left again, which has a wipe of its own) since its `departure`-th deregistration.
+    async fn wipe(self, driver: String, departure: u64, state: Arc<Mutex<State>>) {
+        tokio::time::sleep(self.delay).await;
+        {
+            let s = lock(&state);
+            if s.drivers.contains_key(&driver) || s.departures.get(&driver) != Some(&departure) {
+                return;
+            }
+        }
+        if let Err(e) = self.api.delete_all_slices(&self.node, &driver).await {
+            tracing::warn!(%driver, error = %e, "wiping the ResourceSlices of a gone DRA driver failed");
+        }
     }
 }
 
@@ -366,6 +909,7 @@ async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status
         .await?;
     let mut s = lock(state);
     *s.registrations.entry(info.name.clone()).or_default() += 1;
+    s.channels.remove(&info.name);
     if let (None, Some(version)) = (refusal, version) {
         s.drivers.insert(
             info.name,
@@ -430,6 +974,147 @@ mod tests {
             || {},
         ));
         plugin
+    }
+
+    #[tokio::test]
+    async fn a_gone_driver_loses_its_slices_after_the_delay_unless_it_comes_back() {
+        let api = ApiServerStandIn::start().await.unwrap();
+        let pool = crate::seam::Pool {
+            name: "node-a".into(),
+            node_name: "node-a".into(),
+            devices: vec![crate::seam::Device {
+                id: "gpu-0".into(),
+                dev_type: "gpu".into(),
+                healthy: true,
+                ..Default::default()
+            }],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("plugins_registry");
+        let options = Options {
+            wiping_delay: Duration::from_millis(2000),
+            ..Options::default()
+        };
+        let _back = plugin(&registry, PLUGIN_TYPE, "back.example.com", &[DRA_V1]);
+        let kubelet = KubeletStandIn::start_with(&registry, &api, "node-a", options);
+        let within = Duration::from_secs(5);
+        kubelet
+            .registered("back.example.com", within)
+            .await
+            .unwrap();
+        for driver in ["back.example.com", "gone.example.com"] {
+            for slice in crate::slices::pool_slices(driver, &pool, 0) {
+                api.put_slice(slice).unwrap();
+            }
+        }
+        let drivers = |api: &ApiServerStandIn| -> BTreeSet<String> {
+            api.slices().into_iter().map(|s| s.spec.driver).collect()
+        };
+        // A driver registered and gone for good: its slices wiped after the delay, not before.
+        let gone = dir.path().join("gone");
+        std::fs::create_dir_all(&gone).unwrap();
+        let server = tokio::spawn(crate::socket::serve(
+            registry.join("gone.example.com-reg.sock"),
+            tonic::service::Routes::new(
+                crate::proto::pluginregistration::registration_server::RegistrationServer::new(
+                    Plugin {
+                        info: PluginInfo {
+                            r#type: PLUGIN_TYPE.into(),
+                            name: "gone.example.com".into(),
+                            endpoint: gone.join("dra.sock").display().to_string(),
+                            supported_versions: vec![DRA_V1.into()],
+                        },
+                        answers: Arc::default(),
+                    },
+                ),
+            ),
+            Duration::from_secs(3600),
+            std::future::pending(),
+            || {},
+        ));
+        kubelet
+            .registered("gone.example.com", within)
+            .await
+            .unwrap();
+        server.abort();
+        let _ = server.await;
+        let _ = std::fs::remove_file(registry.join("gone.example.com-reg.sock"));
+        // The other driver's socket removed too: bound again within a second, so it is back
+        // before its delay ends and its wipe is dropped.
+        std::fs::remove_file(registry.join("back.example.com-reg.sock")).unwrap();
+        let removed = tokio::time::Instant::now();
+        for _ in 0..100 {
+            if kubelet.registrations("back.example.com") >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            kubelet.registrations("back.example.com"),
+            2,
+            "registered again"
+        );
+        assert_eq!(
+            drivers(&api),
+            BTreeSet::from(["back.example.com".into(), "gone.example.com".into()]),
+            "nothing wiped before the delay"
+        );
+        tokio::time::sleep_until(removed + Duration::from_millis(3000)).await;
+        assert_eq!(
+            drivers(&api),
+            BTreeSet::from(["back.example.com".to_string()]),
+            "the gone driver's slices wiped, the returned one's kept"
+        );
+    }
+
+    #[test]
+    fn extended_resources_and_quantities_as_kubelet_reads_them() {
+        for name in [
+            "devices.example.com/kvm",
+            "nvidia.com/gpu",
+            "deviceclass.resource.kubernetes.io/gpu.example.com",
+        ] {
+            assert!(is_dra_extended_resource(name), "{name}");
+        }
+        for name in [
+            "cpu",
+            "memory",
+            "hugepages-2Mi",
+            "kubernetes.io/foo",
+            "node.kubernetes.io/foo",
+            "requests.example.com/x",
+        ] {
+            assert!(!is_dra_extended_resource(name), "{name}");
+        }
+        for zero in ["0", "0.0", "0Mi", "+0", "000"] {
+            assert!(is_zero(zero), "{zero}");
+        }
+        for some in ["1", "10", "0.5", "500m", "1Gi"] {
+            assert!(!is_zero(some), "{some}");
+        }
+    }
+
+    #[test]
+    fn a_devices_cdi_ids_go_to_its_requests_and_unnamed_ones_to_every_request() {
+        let device = |requests: &[&str], id: &str| dra_v1::Device {
+            request_names: requests.iter().map(|r| r.to_string()).collect(),
+            cdi_device_ids: vec![id.into()],
+            ..Default::default()
+        };
+        let info = ClaimInfo {
+            uid: "u".into(),
+            drivers: BTreeSet::new(),
+            pods: BTreeSet::new(),
+            devices: vec![
+                device(&["a"], "x=a"),
+                device(&["b"], "x=b"),
+                device(&[], "x=any"),
+            ],
+            prepared: true,
+        };
+        assert_eq!(cdi_devices(&info, "a"), ["x=a", "x=any"]);
+        assert_eq!(cdi_devices(&info, "b"), ["x=b", "x=any"]);
+        assert_eq!(cdi_devices(&info, ""), ["x=a", "x=b", "x=any"]);
     }
 
     #[tokio::test]

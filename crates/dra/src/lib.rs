@@ -22,7 +22,9 @@
 //! configuration); [`apiserver::standin::ApiServerStandIn`] is a test API server that keeps the
 //! real one's rules for these calls, so tests run the real client over real HTTP;
 //! [`kubelet::KubeletStandIn`] is kubelet's side (plugin watcher, registration, Prepare and
-//! Unprepare) over the real sockets.
+//! Unprepare, a pod's claims handed to its containers as kubelet's DRA manager does, including
+//! the extended-resource claim the scheduler makes, and kubelet's wipes of slices) over the real
+//! sockets.
 //!
 //! # Putting it together
 //!
@@ -57,12 +59,11 @@
 //! # drop(inventory); Ok(()) }
 //! ```
 //!
-//! # Not here yet
+//! # Who feeds it
 //!
-//! `wdp run` (its `dra` module) builds the [`seam::Inventory`] from its trees and starts the
-//! pieces above for scanners configured with `frontend: dra`. Typed attributes and capacities from guests need a new minor version of the WIT
-//! contract; until then [`seam::Device::attributes`] and [`seam::Device::capacity`] are whatever
-//! the host fills in.
+//! `wdp run` (its `dra` module) builds the [`seam::Inventory`] from its validated trees, with the
+//! guests' typed attributes and capacities, and starts the pieces above for scanners configured
+//! with `frontend: dra`.
 #![warn(missing_docs)]
 
 pub mod apiserver;

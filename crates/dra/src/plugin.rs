@@ -300,6 +300,16 @@ fn health_of(inventory: &Inventory) -> health_v1::NodeWatchResourcesResponse {
 /// wire and differ only in their Rust paths.
 macro_rules! dra_plugin_version {
     ($version:ident) => {
+        impl From<crate::proto::$version::Claim> for ClaimRef {
+            fn from(c: crate::proto::$version::Claim) -> Self {
+                ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                }
+            }
+        }
+
         #[tonic::async_trait]
         impl<C: ClaimSource> crate::proto::$version::dra_plugin_server::DraPlugin
             for DraService<C>
@@ -314,11 +324,7 @@ macro_rules! dra_plugin_version {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        uid: c.uid,
-                        name: c.name,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let claims = self
                     .prepare(claims)
@@ -359,11 +365,7 @@ macro_rules! dra_plugin_version {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        uid: c.uid,
-                        name: c.name,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let claims = self
                     .unprepare(claims)
@@ -425,14 +427,10 @@ impl<C: ClaimSource> health_v1::dra_resource_health_server::DraResourceHealth fo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::standin::ApiServerStandIn;
+    use crate::apiserver::standin::{ApiServerStandIn, allocated_claim};
     use crate::proto::{dra_v1, dra_v1beta1};
     use crate::seam::{Device, Pool};
-    use k8s_openapi::api::resource::v1::{
-        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
-        ResourceClaimStatus,
-    };
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::api::resource::v1::ResourceClaim;
     use std::path::{Path, PathBuf};
 
     const DRIVER: &str = "gpu.example.com";
@@ -463,46 +461,26 @@ mod tests {
         }
     }
 
-    /// A claim as the scheduler leaves it: `results` as (request, device, shared).
+    /// A claim as the scheduler leaves it: `results` as (request, device, shared), and another
+    /// driver's device in the same claim (not ours).
     fn claim(name: &str, results: &[(&str, &str, bool)]) -> ResourceClaim {
-        ResourceClaim {
-            metadata: ObjectMeta {
-                namespace: Some("ns".into()),
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: None,
-            status: Some(ResourceClaimStatus {
-                allocation: Some(AllocationResult {
-                    devices: Some(DeviceAllocationResult {
-                        results: Some(
-                            results
-                                .iter()
-                                .map(|(request, device, shared)| DeviceRequestAllocationResult {
-                                    driver: DRIVER.into(),
-                                    pool: "node-a".into(),
-                                    device: (*device).into(),
-                                    request: (*request).into(),
-                                    share_id: shared.then(|| format!("share-{name}")),
-                                    ..Default::default()
-                                })
-                                .chain(std::iter::once(DeviceRequestAllocationResult {
-                                    // Another driver's device in the same claim: not ours.
-                                    driver: "nic.example.com".into(),
-                                    pool: "node-a".into(),
-                                    device: "nic-0".into(),
-                                    request: "nic".into(),
-                                    ..Default::default()
-                                }))
-                                .collect(),
-                        ),
-                        config: None,
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+        let mut all: Vec<(&str, &str)> = results.iter().map(|(r, d, _)| (*r, *d)).collect();
+        all.push(("nic", "nic-0"));
+        let mut claim = allocated_claim("ns", name, DRIVER, "node-a", &all);
+        let allocated = claim
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+            .expect("allocated_claim gives results");
+        for (result, (_, _, shared)) in allocated.iter_mut().zip(results) {
+            result.share_id = shared.then(|| format!("share-{name}"));
         }
+        if let Some(nic) = allocated.last_mut() {
+            nic.driver = "nic.example.com".into();
+        }
+        claim
     }
 
     fn uid(c: &ResourceClaim) -> String {

@@ -4,7 +4,7 @@
 //! returns). Device ids and resource names are those of the upstream plugin each one replaces.
 
 mod common;
-mod every;
+pub(crate) mod every;
 mod host;
 
 mod dlb;

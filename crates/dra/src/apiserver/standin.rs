@@ -18,7 +18,8 @@
 //!   Expired Status; DELETED events carry the deletion's resourceVersion; BOOKMARK events with
 //!   `allowWatchBookmarks=true` (how often: [`Options::bookmarks`]); the watch ends at
 //!   `timeoutSeconds` ([`ApiServerStandIn::end_watches`] ends them all at once); the answer is
-//!   chunked, one JSON event a line;
+//!   chunked, one JSON event a line; a test can make open watches miss events
+//!   ([`ApiServerStandIn::lose_watch_events`]);
 //! - `generateName`: the prefix cut to 58 bytes and five characters of the API server's name
 //!   alphabet appended;
 //! - nodes: `GET /api/v1/nodes/NAME` ([`ApiServerStandIn::insert_node`]);
@@ -139,6 +140,12 @@ struct State {
     /// Watches from a resourceVersion below this get 410 Gone.
     compacted: u64,
     watchers: Vec<Watcher>,
+    /// Counts slice changes, for in-process observers that must not poll
+    /// ([`ApiServerStandIn::changes`]).
+    changes: tokio::sync::watch::Sender<u64>,
+    /// While set, changes reach no open watch (events lost on the way): only a new list, or a
+    /// watch started afterwards, shows them.
+    muted: bool,
     watcher_ids: u64,
     bookmarks: Option<std::time::Duration>,
     /// List calls on slices, watch calls, and requests refused for their token.
@@ -180,6 +187,10 @@ impl State {
             .unwrap_or(self.version);
         let line = event_line(kind, slice);
         self.history.push((version, slice.clone(), line.clone()));
+        self.changes.send_modify(|n| *n += 1);
+        if self.muted {
+            return;
+        }
         self.watchers.retain(|w| {
             !selected(slice, &w.node, &w.driver) || w.events.send(line.clone()).is_ok()
         });
@@ -324,6 +335,20 @@ impl ApiServerStandIn {
         lock(&self.state).watchers.clear();
     }
 
+    /// A receiver that is marked changed at every slice change (create, update, delete, wipe):
+    /// how a benchmark times a change reaching the API server without polling or a watch's HTTP
+    /// in between.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        lock(&self.state).changes.subscribe()
+    }
+
+    /// While `lost` is true, slice changes are stored but no open watch hears of them, as if
+    /// the events were lost between the API server and its clients: what a client's periodic
+    /// re-list is for.
+    pub fn lose_watch_events(&self, lost: bool) {
+        lock(&self.state).muted = lost;
+    }
+
     /// Stores `node` (given a UID if it has none) and serves it at `/api/v1/nodes/NAME`.
     pub fn insert_node(&self, mut node: Node) -> Node {
         let mut state = lock(&self.state);
@@ -385,6 +410,50 @@ impl ApiServerStandIn {
     /// How many slice writes (create, update, delete) succeeded so far.
     pub fn writes(&self) -> u64 {
         lock(&self.state).writes
+    }
+}
+
+/// A claim as the scheduler leaves it, for [`ApiServerStandIn::insert_claim`]: `namespace/name`
+/// with an allocation of `results`, each (request, device) of `driver`'s pool `pool`; no spec,
+/// reserved for nobody (a test adds what its case needs).
+pub fn allocated_claim(
+    namespace: &str,
+    name: &str,
+    driver: &str,
+    pool: &str,
+    results: &[(&str, &str)],
+) -> ResourceClaim {
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+        ResourceClaimStatus,
+    };
+    let results = results
+        .iter()
+        .map(|(request, device)| DeviceRequestAllocationResult {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: (*device).into(),
+            request: (*request).into(),
+            ..Default::default()
+        })
+        .collect();
+    ResourceClaim {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            namespace: Some(namespace.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
     }
 }
 
