@@ -81,36 +81,45 @@ fn path_devices(group: &Group, fs: &impl HostFs) -> Vec<(String, DeviceInfo)> {
         per_path.push(Some(matches));
     }
     let length = length.min(limit_length);
-    (0..length)
-        .map(|i| {
-            let mut info = DeviceInfo::new();
-            // the matches' ids joined with `+`, built in place (one path: its id as it is)
-            let mut id = String::new();
-            for (spec, matches) in group.paths.iter().zip(&per_path) {
-                let Some(matches) = matches else { continue };
-                // i < length <= matches.len() * limit, so matches is not empty
-                let host = &matches[i % matches.len()];
-                let mut container = spec.mount_path.clone().unwrap_or_else(|| host.clone());
-                if container.ends_with('/') {
-                    container.push_str(basename(host));
-                }
-                info = match spec.kind {
-                    PathType::Device => {
-                        info.node(host.clone(), container, spec.permissions.clone())
-                    }
-                    PathType::Mount => info.mount(host.clone(), container, spec.read_only),
-                };
-                let part = id_from_path(host);
-                if id.is_empty() {
-                    id = part;
-                } else {
-                    id.push('+');
-                    id.push_str(&part);
-                }
+    let mut devices = Vec::with_capacity(length);
+    for i in 0..length {
+        let mut info = DeviceInfo::new();
+        // the matches' ids joined with `+`, built in place (one path: its id as it is)
+        let mut id = String::new();
+        for (spec, matches) in group.paths.iter().zip(per_path.iter_mut()) {
+            let Some(matches) = matches else { continue };
+            let n = matches.len();
+            // i < length <= n * limit, so there are matches
+            let j = i % n;
+            let mut container = spec
+                .mount_path
+                .clone()
+                .unwrap_or_else(|| matches[j].clone());
+            if container.ends_with('/') {
+                container.push_str(basename(&matches[j]));
             }
-            (id, info)
-        })
-        .collect()
+            let part = id_from_path(&matches[j]);
+            if id.is_empty() {
+                id = part;
+            } else {
+                id.push('+');
+                id.push_str(&part);
+            }
+            // The last device to use match j takes it, the ones before copy it: with `limit` 1
+            // every match goes into the tree without a copy.
+            let host = if i + n >= length {
+                std::mem::take(&mut matches[j])
+            } else {
+                matches[j].clone()
+            };
+            info = match spec.kind {
+                PathType::Device => info.node(host, container, spec.permissions.clone()),
+                PathType::Mount => info.mount(host, container, spec.read_only),
+            };
+        }
+        devices.push((id, info));
+    }
+    devices
 }
 
 /// The one device of a group's `usb` specs (before `count`), if any attached device matches.
