@@ -30,8 +30,8 @@ use crate::hooks::Hooks;
 use crate::manager::{Claims, Manager};
 use crate::sandbox::Sandbox;
 use crate::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
-use crate::server::PluginSockets;
 use crate::status::Observability;
+use wdp_kubelet::server::PluginSockets;
 
 /// How many events a scanner may have in flight to its manager before it waits.
 const EVENT_QUEUE: usize = 16;

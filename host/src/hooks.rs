@@ -108,7 +108,7 @@ impl Hooks {
     }
 
     /// Applies the scanner's policy to what `post-allocate` returned for container `index`.
-    pub fn check_response(
+    pub(crate) fn check_response(
         &self,
         index: usize,
         response: wit::ContainerAllocateResponse,

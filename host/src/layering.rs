@@ -1,7 +1,10 @@
-//! The crate's top-level modules form no import cycle: data flows one way (guest, sandbox, sink
-//! and validation, manager, servers, kubelet), and each module builds only on those below it.
+//! The top-level modules of the crate, and of `wdp-kubelet` below it, form no import cycle: data
+//! flows one way (guest, sandbox, sink and validation, manager, servers, kubelet), and each module
+//! builds only on those below it. `wdp-kubelet` (the kubelet API and the device-plugin servers)
+//! also stays free of wdp and of any wasm runtime, so its servers reach what they serve only
+//! through the traits wdp implements.
 //!
-//! This test reads the crate's own sources and counts every `crate::<module>` path outside
+//! The test reads the crates' own sources and counts every `crate::<module>` path outside
 //! comments and test modules as an edge from the module whose file it is in. A cycle fails the
 //! test with its path, so a new upward import is caught where it is written.
 
@@ -156,6 +159,17 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
     None
 }
 
+/// Fails with the cycle's path if the top-level modules of `src` import each other in a circle.
+fn assert_acyclic(graph: &BTreeMap<String, BTreeSet<String>>) {
+    if let Some(cycle) = find_cycle(graph) {
+        panic!(
+            "import cycle between top-level modules: {} (each imports the next; move the shared \
+             part below all of them, or hand the upward call to a trait the upper module implements)",
+            cycle.join(" -> ")
+        );
+    }
+}
+
 #[test]
 fn top_level_modules_import_one_way() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -165,13 +179,32 @@ fn top_level_modules_import_one_way() {
         !graph.contains_key("layering") && graph.contains_key("sandbox"),
         "test-only modules are left out, the others kept: {graph:?}"
     );
-    if let Some(cycle) = find_cycle(&graph) {
-        panic!(
-            "import cycle between top-level modules: {} (each imports the next; move the shared \
-             part below all of them, or hand the upward call to a trait the upper module implements)",
-            cycle.join(" -> ")
-        );
-    }
+    assert_acyclic(&graph);
+}
+
+#[test]
+fn the_kubelet_crate_imports_one_way_and_knows_no_wasm() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/kubelet");
+    let graph = graph(&root.join("src"));
+    assert!(
+        graph.contains_key("server") && graph.contains_key("register"),
+        "found wdp-kubelet's modules: {graph:?}"
+    );
+    assert!(
+        graph["server"].contains("register") && graph["server"].contains("dir"),
+        "the servers build on registration and the directory watch: {graph:?}"
+    );
+    assert_acyclic(&graph);
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("read its Cargo.toml");
+    let depends_on: Vec<&str> = manifest
+        .lines()
+        .filter_map(|l| l.split(['.', ' ', '=']).next())
+        .filter(|name| *name == "wdp" || name.starts_with("wasm"))
+        .collect();
+    assert!(
+        depends_on.is_empty(),
+        "wdp-kubelet depends on {depends_on:?}: its servers must reach wdp through their traits"
+    );
 }
 
 #[test]

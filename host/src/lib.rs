@@ -8,8 +8,10 @@
 //!    preopen, and hands each tree it notifies to a [`sandbox::TreeSink`];
 //! 2. the supervisor ([`scanner`]) is that sink: [`validate`] applies the [`policy`] and the
 //!    [`tree`] rules and fills in [`topology`];
-//! 3. a [`manager`] per scanner diffs the trees, writes [`cdi`] specs and runs one [`server`] per
-//!    resource, answering Allocate with [`allocate`], [`preferred`] and guest [`hooks`];
+//! 3. a [`manager`] per scanner diffs the trees, writes [`cdi`] specs and runs one device-plugin
+//!    server per resource: `wdp_kubelet`'s server, answering through the [`server`] adapter
+//!    (Allocate with `allocate`'s default answer, `preferred`'s shaping of advice, and guest
+//!    [`hooks`]) and reporting to [`status`];
 //! 4. the servers register with kubelet through `wdp_kubelet`; a scanner configured with
 //!    `frontend: dra` is served instead by the [`dra`] front-end (ResourceSlices and kubelet's
 //!    DRA API, through `wdp_dra`), fed by its manager the same way.
@@ -19,7 +21,7 @@
 
 #![warn(missing_docs)]
 
-pub mod allocate;
+pub(crate) mod allocate;
 pub mod bindings;
 pub mod cdi;
 pub mod cdi_version;
@@ -37,7 +39,7 @@ mod layering;
 pub mod manager;
 pub mod metrics;
 pub mod policy;
-pub mod preferred;
+pub(crate) mod preferred;
 pub mod sandbox;
 pub mod scaffold;
 pub mod scanner;

@@ -1,8 +1,9 @@
 //! One manager per configured scanner: from device trees to resource servers.
 //!
-//! The manager consumes its scanner's events and keeps one [`ResourceServer`] per dev-type of the
-//! latest good tree, as Intel's Notifier does: types added since the last tree get a new server,
-//! changed types get the new device list, removed types are stopped. Applying a tree never waits
+//! The manager consumes its scanner's events and keeps one [`ResourceServer`] (wdp-kubelet's
+//! server, answering through a [`ServedResource`]) per dev-type of the latest good tree, as
+//! Intel's Notifier does: types added since the last tree get a new server, changed types get
+//! the new device list, removed types are stopped. Applying a tree never waits
 //! on kubelet (servers take updates through a `watch` channel), so a slow kubelet never holds up
 //! a scanner. Resource names are claimed host-wide: two scanners serving the same
 //! `<namespace>/<dev-type>` is refused with an error naming both.
@@ -19,10 +20,11 @@ use crate::dra::DraDriver;
 use crate::hooks::Hooks;
 use crate::sandbox::Roots;
 use crate::scanner::ScannerEvent;
-use crate::server::{PluginSockets, ResourceServer};
+use crate::server::{ResourceServer, ServedResource};
 use crate::status::ScannerHandle;
 use crate::tree::{DeviceGroup, DeviceTree};
 use wdp_kubelet::names::Resource;
+use wdp_kubelet::server::PluginSockets;
 
 /// Which dev-types changed between two trees (sorted, each type in at most one list).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -43,7 +45,7 @@ impl TreeDiff {
 }
 
 /// Compares `old` and `new` at dev-type granularity; one changed device makes its type updated.
-pub fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) -> TreeDiff {
+pub(crate) fn diff(old: &BTreeMap<String, impl Borrow<DeviceGroup>>, new: &DeviceTree) -> TreeDiff {
     let mut d = TreeDiff::default();
     for (dev_type, devices) in &new.0 {
         match old.get(dev_type) {
@@ -190,7 +192,7 @@ impl Manager {
             match event {
                 ScannerEvent::Tree(tree) => {
                     // Nobody else holds the tree by now: its changed groups are moved, not copied.
-                    self.apply_owned(Arc::unwrap_or_clone(tree));
+                    self.apply(Arc::unwrap_or_clone(tree));
                 }
                 ScannerEvent::Refused(_) | ScannerEvent::Failed { .. } | ScannerEvent::Finished => {
                     // Logged where they happen; the last good tree stays served.
@@ -208,14 +210,10 @@ impl Manager {
 
     /// Brings the servers in line with `tree`. Never waits. CDI specs are written first, so no
     /// device is served before the spec that describes it exists; only for the types this
-    /// scanner may serve, so a type another scanner holds never overwrites that one's spec.
-    pub fn apply(&mut self, tree: &DeviceTree) -> TreeDiff {
-        self.apply_owned(tree.clone())
-    }
-
-    /// [`Manager::apply`] of a tree this manager may take apart: each changed group is moved
-    /// into the servers' shared copy (a 10,000-device group costs 1.5 ms to clone).
-    fn apply_owned(&mut self, tree: DeviceTree) -> TreeDiff {
+    /// scanner may serve, so a type another scanner holds never overwrites that one's spec. The
+    /// tree is taken apart: each changed group is moved into the servers' shared copy, not
+    /// copied (a 10,000-device group costs 1.5 ms to clone).
+    pub fn apply(&mut self, tree: DeviceTree) -> TreeDiff {
         let mut tree = match &mut self.cdi {
             Some(cdi) => {
                 let held = |t: &String| {
@@ -251,7 +249,7 @@ impl Manager {
             if let Some(server) = self.servers.remove(dev_type) {
                 self.claims.release(&server.resource().name, &self.scanner);
                 tracing::info!(scanner = &*self.scanner, resource = %server.resource().name, "device type removed");
-                server.status().remove();
+                server.plugin().status().remove();
                 // Dropping cancels it; its task removes the socket on its own.
                 drop(server);
             }
@@ -259,7 +257,7 @@ impl Manager {
         for dev_type in &d.updated {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
             if let Some(server) = self.servers.get(dev_type) {
-                server.status().devices(&devices);
+                server.plugin().status().devices(&devices);
                 server.update(devices.clone());
             }
             self.current.insert(dev_type.clone(), devices);
@@ -269,7 +267,7 @@ impl Manager {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
             match self.start(dev_type, devices.clone()) {
                 Ok(server) => {
-                    server.status().devices(&devices);
+                    server.plugin().status().devices(&devices);
                     self.servers.insert(dev_type.clone(), server);
                     self.current.insert(dev_type.clone(), devices);
                 }
@@ -296,13 +294,14 @@ impl Manager {
                 )
             })?;
         tracing::info!(scanner = &*self.scanner, resource = %resource.name, devices = devices.len(), "serving new device type");
-        let resource_name = resource.name.clone();
+        let status = self.status.resource(&resource.name);
+        let served = ServedResource::new(resource.clone(), self.hooks.clone(), status.clone());
         Ok(ResourceServer::start(
             self.kubelet.clone(),
             resource,
             devices,
-            self.hooks.clone(),
-            self.status.resource(&resource_name),
+            served,
+            status,
         ))
     }
 
@@ -311,7 +310,7 @@ impl Manager {
         let servers = std::mem::take(&mut self.servers);
         for (_, server) in servers {
             self.claims.release(&server.resource().name, &self.scanner);
-            let status = server.status().clone();
+            let status = server.plugin().status().clone();
             server.stop().await;
             status.remove();
         }

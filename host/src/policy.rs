@@ -103,7 +103,7 @@ impl Policy {
     }
 
     /// Checks what a post-allocator returned for container `index`.
-    pub fn check_response(
+    pub(crate) fn check_response(
         &self,
         index: usize,
         response: wit::ContainerAllocateResponse,

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use wdp_kubelet::server::ServerReport;
 
 use crate::metrics::{Live, Metrics, ResourceMetrics, ScannerMetrics, Visit};
 use crate::scanner::ScannerEvent;
@@ -494,24 +495,9 @@ impl ResourceHandle {
         });
     }
 
-    /// kubelet accepted the registration (`true`), or is gone or restarted (`false`).
-    pub fn registered(&self, registered: bool) {
-        self.update(|r| r.registered = registered);
-    }
-
-    /// One Allocate answered (`ok`) or failed, after `elapsed`.
-    pub fn allocated(&self, elapsed: Duration, ok: bool) {
-        self.metrics.allocated(elapsed, ok);
-    }
-
     /// A GetPreferredAllocation answered "no preference" because its hook failed.
     pub fn preferred_fallback(&self) {
         self.metrics.preferred_fallback();
-    }
-
-    /// kubelet's stream ended while it kept running: the resource registers again.
-    pub fn stream_lost(&self) {
-        self.metrics.stream_lost();
     }
 
     /// The resource is no longer served: its entry and its metric series go.
@@ -524,6 +510,22 @@ impl ResourceHandle {
         {
             state.resources.remove(&self.name);
         }
+    }
+}
+
+/// What the resource's server sees: registration into `/status` and `/readyz`, lost streams and
+/// Allocate calls into `/metrics`.
+impl ServerReport for ResourceHandle {
+    fn registered(&self, registered: bool) {
+        self.update(|r| r.registered = registered);
+    }
+
+    fn stream_lost(&self) {
+        self.metrics.stream_lost();
+    }
+
+    fn allocated(&self, elapsed: Duration, ok: bool) {
+        self.metrics.allocated(elapsed, ok);
     }
 }
 

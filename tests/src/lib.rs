@@ -1,8 +1,9 @@
 //! Shared support for wdp's integration tests and its benchmarks (`wdp-bench` builds on it):
 //! guest components built from source (see `build.rs`), sysfs/dev fixture trees with real device
 //! nodes, the `wdp` binary and its processes, what the kubelet stand-in observes, polling for a
-//! state, and an HTTP GET.
+//! state, an HTTP GET, and deploy/'s DaemonSet as kubelet would run it.
 
+pub mod daemonset;
 pub mod fixture;
 pub mod host;
 pub mod http;
@@ -11,6 +12,15 @@ pub mod registry;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
+
+/// The repository's root, where the tests find what the project ships (deploy/, scripts/, the
+/// Containerfile).
+pub fn repo() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the repository")
+        .to_path_buf()
+}
 
 /// The compiled guest `name` (e.g. "kvm", "hostile"), built by this crate's build script.
 pub fn guest(name: &str) -> PathBuf {

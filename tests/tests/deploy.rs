@@ -1,31 +1,26 @@
 //! The deployment (`deploy/`, and the `Containerfile` as far as text goes) checked without a
-//! cluster (tests/tests/image.rs builds and runs the image itself):
+//! cluster (tests/tests/image.rs builds the image and runs the DaemonSet's command in it as the
+//! pod runs it, with every privilege it drops):
 //!
 //! * every manifest the kustomization lists is parsed into the typed Kubernetes API structs
 //!   (k8s-openapi) and must survive the round trip unchanged: k8s-openapi ignores unknown fields
 //!   when it deserializes, so a misspelled field shows up as a field the round trip dropped;
 //! * the pod's least-privilege properties, its probes and its paths are checked on the typed
-//!   DaemonSet, against the ConfigMap's config as `wdp::config` reads it;
+//!   DaemonSet and on its pod as `wdp_tests::daemonset` reads it for the image's run, against the
+//!   ConfigMap's config as `wdp::config` reads it;
 //! * the Containerfile and scripts/image.sh are checked against the repository (the scanners
 //!   staged are the bundled ones) and against what the manifests and the README name in the
 //!   image;
-//! * the DaemonSet's own command line, with the ConfigMap's config, runs as the real `wdp` binary
-//!   the way the pod runs it (uid 0 with every capability dropped, no_new_privs, a read-only root
-//!   filesystem with only the plugin dir, the CDI dir and the emptyDir writable) over a fixture,
-//!   serving the kubelet stand-in in a root-owned 0750 plugin dir, and its probe endpoints answer
-//!   as the probes expect.
-//!
 //! * DRA mode's Component (`deploy/dra/`) is rendered onto `deploy/` (and compared with kubectl's
 //!   rendering where kubectl exists), parsed the same way, and checked: the DRA pod is the
 //!   device-plugin pod plus a token, NODE_NAME and kubelet's DRA dirs; the RBAC rules; the
 //!   admission policy's CEL evaluated over admission requests; each DeviceClass's CEL selector
 //!   evaluated on the slices wdp-dra builds from the ConfigMap's scanners over a fixture.
 //!
-//! The manifests and the config are read from `deploy/`; only the paths that differ between a node
-//! and this test (component files, /sys and /dev roots, the writable dirs, the port) are moved.
+//! The manifests and the config are read from `deploy/`; only what differs between a node and this
+//! test (the component files: the ones built from source stand in for the image's) is moved.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -42,11 +37,9 @@ use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
-use wdp_kubelet::standin::StandIn;
-use wdp_tests::eventually;
+use wdp_tests::daemonset::{Pod, Source, configmap_devices};
 use wdp_tests::fixture::Fixture;
-use wdp_tests::host::{Host, Seen, sockets};
-use wdp_tests::http::http_get;
+use wdp_tests::repo;
 
 /// Where the image installs the bundled scanners (the Containerfile's destination).
 const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
@@ -55,13 +48,6 @@ const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
 /// figure in bench/RESULTS.md, "First start (compiling): 64.5 MiB"): the pod's memory limit must
 /// cover it plus every guest's own limit.
 const MEASURED_FIRST_START_BYTES: u64 = 65 << 20;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is inside the repository")
-        .to_path_buf()
-}
 
 fn read(rel: &str) -> String {
     let path = repo().join(rel);
@@ -404,9 +390,15 @@ fn the_renderer_refuses_what_it_does_not_implement() {
 /// project's toolchain; without it this comparison is skipped, and said so).
 #[test]
 fn kubectl_kustomize_renders_the_same_objects() {
+    compare_with_kubectl(&repo().join("deploy"), rendered());
+}
+
+/// `kubectl kustomize dir` against `ours`, object by object (matched by kind and name), every
+/// field of ours as kubectl renders it; skipped, and said so, where kubectl is not installed.
+fn compare_with_kubectl(dir: &Path, ours: Vec<Doc>) {
     let out = match std::process::Command::new("kubectl")
         .args(["kustomize"])
-        .arg(repo().join("deploy"))
+        .arg(dir)
         .output()
     {
         Ok(out) => out,
@@ -418,12 +410,13 @@ fn kubectl_kustomize_renders_the_same_objects() {
     };
     assert!(
         out.status.success(),
-        "kubectl kustomize deploy/ failed: {}",
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     let key = |v: &Value| format!("{}/{}", v["kind"], v["metadata"]["name"]);
     let mut theirs = yaml_documents(&String::from_utf8_lossy(&out.stdout)).unwrap();
-    let mut ours: Vec<Value> = rendered().into_iter().map(|d| d.value).collect();
+    let mut ours: Vec<Value> = ours.into_iter().map(|d| d.value).collect();
     theirs.sort_by_key(key);
     ours.sort_by_key(key);
     assert_eq!(theirs.len(), ours.len());
@@ -452,53 +445,19 @@ fn the_container(ds: &DaemonSet) -> &Container {
     &pod.containers[0]
 }
 
-/// `wdp run`'s flags in the container's args, as (flag, value) pairs.
-fn run_flags(c: &Container) -> Vec<(String, String)> {
-    let args = c.args.as_deref().unwrap_or_default();
-    assert_eq!(args.first().map(String::as_str), Some("run"), "{args:?}");
-    let mut flags = Vec::new();
-    let mut rest = args[1..].iter();
-    while let Some(flag) = rest.next() {
-        assert!(flag.starts_with("--"), "{flag:?} is not a flag");
-        let (flag, value) = match flag.split_once('=') {
-            Some((f, v)) => (f.to_string(), v.to_string()),
-            None => (
-                flag.clone(),
-                rest.next()
-                    .unwrap_or_else(|| panic!("{flag} has no value"))
-                    .clone(),
-            ),
-        };
-        flags.push((flag, value));
-    }
-    flags
+/// The DaemonSet's pod as every test that runs or checks its command reads it.
+fn pod_of(ds: &DaemonSet) -> Pod {
+    Pod::of(&serde_json::to_value(ds).expect("a DaemonSet serializes"))
 }
 
-fn flag<'a>(flags: &'a [(String, String)], name: &str) -> &'a str {
-    flags
-        .iter()
-        .find(|(f, _)| f == name)
-        .map(|(_, v)| v.as_str())
-        .unwrap_or_else(|| panic!("the DaemonSet does not pass {name}"))
-}
-
-/// The volume mount holding `path` (the deepest one), and its volume.
-fn mount_of<'a>(ds: &'a DaemonSet, path: &str) -> (&'a VolumeMount, &'a Volume) {
-    let c = the_container(ds);
-    let mount = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| Path::new(path).starts_with(&m.mount_path))
-        .max_by_key(|m| m.mount_path.len())
-        .unwrap_or_else(|| panic!("{path} is on no volume mount: it would be in the image"));
-    let volume = pod_spec(ds)
+/// The volume `name` of the pod.
+fn volume_of<'a>(ds: &'a DaemonSet, name: &str) -> &'a Volume {
+    pod_spec(ds)
         .volumes
         .iter()
         .flatten()
-        .find(|v| v.name == mount.name)
-        .unwrap_or_else(|| panic!("mount {} has no volume", mount.name));
-    (mount, volume)
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("mount {name} has no volume"))
 }
 
 fn host_path(v: &Volume) -> Option<&str> {
@@ -570,7 +529,7 @@ fn the_pod_has_least_privilege() {
     // that must be written; any other writable volume is pod-scoped.
     let mut writable_host = BTreeSet::new();
     for m in c.volume_mounts.iter().flatten() {
-        let (_, v) = mount_of(&ds, &m.mount_path);
+        let v = volume_of(&ds, &m.name);
         assert!(
             m.sub_path.is_none(),
             "{}: subPath mounts never update",
@@ -639,54 +598,60 @@ fn the_pod_has_least_privilege() {
 #[test]
 fn the_paths_wdp_uses_are_on_the_right_mounts() {
     let docs = rendered();
-    let ds: DaemonSet = one(&docs);
-    let flags = run_flags(the_container(&ds));
+    let pod = pod_of(&one(&docs));
 
     // The config: a whole ConfigMap volume (reloads see updates), naming the rendered ConfigMap
     // and a key it has.
-    let config = Path::new(flag(&flags, "--config"));
-    let (m, v) = mount_of(&ds, &config.display().to_string());
-    assert_eq!(Path::new(&m.mount_path), config.parent().unwrap());
+    let config = PathBuf::from(pod.flag("--config"));
+    let m = pod.mount_of(&config.display().to_string());
+    assert_eq!(Path::new(&m.path), config.parent().unwrap());
     let cm: ConfigMap = one(&docs);
     assert_eq!(
-        v.config_map.as_ref().map(|c| c.name.as_str()),
-        cm.metadata.name.as_deref()
+        Some(&m.source),
+        cm.metadata.name.clone().map(Source::ConfigMap).as_ref()
     );
     let key = config.file_name().unwrap().to_str().unwrap();
     assert!(cm.data.as_ref().is_some_and(|d| d.contains_key(key)));
 
     // /sys and /dev: the node's, read-only, where the flags say.
     for (flag_name, host) in [("--sys-root", "/sys"), ("--dev-root", "/dev")] {
-        let root = flag(&flags, flag_name);
-        let (m, v) = mount_of(&ds, root);
-        assert_eq!((m.mount_path.as_str(), host_path(v)), (root, Some(host)));
-        assert!(!writable(m), "{host} is mounted read-only");
+        let root = pod.flag(flag_name);
+        let m = pod.mount_of(&root);
+        assert_eq!(
+            (m.path.as_str(), m.host_path()),
+            (root.as_str(), Some(host))
+        );
+        assert!(m.read_only, "{host} is mounted read-only");
     }
     // kubelet's plugin dir, writable, at its standard place.
-    let plugins = flag(&flags, "--plugin-dir");
-    let (m, v) = mount_of(&ds, plugins);
-    assert_eq!(m.mount_path, plugins);
-    assert_eq!(host_path(v), Some(wdp_kubelet::DEFAULT_PLUGIN_DIR));
-    assert!(writable(m));
+    let plugins = pod.flag("--plugin-dir");
+    let m = pod.mount_of(&plugins);
+    assert_eq!(m.path, plugins);
+    assert_eq!(m.host_path(), Some(wdp_kubelet::DEFAULT_PLUGIN_DIR));
+    assert!(!m.read_only);
 
     // The caches: on the writable emptyDir.
     let loaded = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
     for cache in [
-        PathBuf::from(flag(&flags, "--compile-cache")),
+        PathBuf::from(pod.flag("--compile-cache")),
         loaded.oci.cache_dir.clone(),
     ] {
-        let (m, v) = mount_of(&ds, &cache.display().to_string());
-        assert!(v.empty_dir.is_some() && writable(m), "{}", cache.display());
+        let m = pod.mount_of(&cache.display().to_string());
+        assert!(
+            m.source == Source::EmptyDir && !m.read_only,
+            "{}",
+            cache.display()
+        );
     }
     // CDI specs: written where the node's runtime reads them.
     let mut cdi_dirs = 0;
     for s in &loaded.scanners {
         let Some(cdi) = &s.cdi else { continue };
         let dir = cdi.dir.display().to_string();
-        let (m, v) = mount_of(&ds, &dir);
-        assert_eq!(m.mount_path, dir, "scanner {}: the CDI dir itself", s.name);
-        assert!(matches!(host_path(v), Some("/var/run/cdi" | "/etc/cdi")));
-        assert!(writable(m));
+        let m = pod.mount_of(&dir);
+        assert_eq!(m.path, dir, "scanner {}: the CDI dir itself", s.name);
+        assert!(matches!(m.host_path(), Some("/var/run/cdi" | "/etc/cdi")));
+        assert!(!m.read_only);
         cdi_dirs += 1;
     }
     assert!(cdi_dirs > 0, "the CDI mount is used");
@@ -697,7 +662,8 @@ fn probes_scrape_annotations_and_metrics_addr_agree() {
     let docs = rendered();
     let ds: DaemonSet = one(&docs);
     let c = the_container(&ds);
-    let addr: std::net::SocketAddr = flag(&run_flags(c), "--metrics-addr")
+    let addr: std::net::SocketAddr = pod_of(&ds)
+        .flag("--metrics-addr")
         .parse()
         .expect("--metrics-addr is an address");
     assert!(
@@ -777,12 +743,8 @@ fn config_yaml(docs: &[Doc]) -> String {
 }
 
 /// The config with each in-image component (`/usr/lib/wdp/scanners/X.wasm`) replaced by the same
-/// guest built here (`target/guests/wasm32-wasip2/release/X.wasm`), and `edit` applied to each
-/// scanner's map.
-fn with_built_components(
-    yaml: &str,
-    mut edit: impl FnMut(&mut serde_yaml_ng::Mapping),
-) -> serde_yaml_ng::Value {
+/// guest built here (`target/guests/wasm32-wasip2/release/X.wasm`).
+fn with_built_components(yaml: &str) -> serde_yaml_ng::Value {
     let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("config is YAML");
     let scanners = config
         .get_mut("scanners")
@@ -801,14 +763,13 @@ fn with_built_components(
                 .unwrap_or_else(|| panic!("{key} {path:?} is not in {IMAGE_SCANNERS}"));
             *value = wdp_tests::guest(name).display().to_string().into();
         }
-        edit(s);
     }
     config
 }
 
 /// Loads the config as `wdp run` will in the image, with the built components in place.
 fn load_as_in_the_image(yaml: &str, dir: &tempfile::TempDir) -> wdp::config::Config {
-    let config = with_built_components(yaml, |_| {});
+    let config = with_built_components(yaml);
     let path = dir.path().join("wdp.yaml");
     std::fs::write(&path, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
     wdp::config::load(&path).unwrap_or_else(|e| panic!("the ConfigMap's config: {e}"))
@@ -984,226 +945,6 @@ fn the_image_installs_what_the_manifests_and_the_readme_name() {
         "{image}"
     );
     assert!(read("Makefile").contains("--tag localhost/wdp:$(VERSION)"));
-}
-
-// ---------------------------------------------------------------------------------------------
-// The DaemonSet's command, run
-
-/// Lays `text` out as kubelet lays out a ConfigMap volume: the file is a link through `..data`
-/// to a timestamped directory. Returns the path the DaemonSet's `--config` names in it.
-fn configmap_volume(dir: &Path, key: &str, text: &str) -> PathBuf {
-    let data = dir.join("..2026_11_30_12_00_00.000000001");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join(key), text).unwrap();
-    std::os::unix::fs::symlink(data.file_name().unwrap(), dir.join("..data")).unwrap();
-    std::os::unix::fs::symlink(format!("..data/{key}"), dir.join(key)).unwrap();
-    dir.join(key)
-}
-
-/// Polls `GET path` until it answers `want`, failing after 20 s.
-async fn until_status(port: u16, path: &str, want: u16) -> String {
-    let addr = format!("127.0.0.1:{port}");
-    eventually(&format!("GET {path} answering {want}"), || async {
-        let (status, body) = http_get(&addr, path).await.ok()?;
-        (status == want).then_some(body)
-    })
-    .await
-}
-
-/// A shell script (for `unshare --mount`) that gives the command in "$4"... the container's view
-/// of the filesystem: the root filesystem (where the fixture, the binary and /tmp are) read-only,
-/// and writable only the three directories "$1" "$2" "$3" (the plugin dir, the CDI dir and the
-/// emptyDir), each bind-mounted on itself first so that the read-only remount of / spares them.
-/// unshare, sh and setpriv all exec: the command keeps the pid.
-const READ_ONLY_ROOT: &str = r#"
-for d in "$1" "$2" "$3"; do mount --bind "$d" "$d"; done
-mount -o remount,bind,ro /
-if touch /.wdp-read-only-check 2>/dev/null; then echo "/ is still writable" >&2; exit 99; fi
-shift 3
-exec "$@"
-"#;
-
-/// `setpriv` arguments that start a command as the pod's container runs: uid and gid 0, no
-/// supplementary groups, no capability in any set (an empty bounding set leaves uid 0 none across
-/// exec), and no_new_privs (allowPrivilegeEscalation: false).
-const SETPRIV: [&str; 7] = [
-    "--reuid=0",
-    "--regid=0",
-    "--clear-groups",
-    "--inh-caps=-all",
-    "--bounding-set=-all",
-    "--no-new-privs",
-    "--",
-];
-
-/// One capability line of /proc/<pid>/status (`CapEff`, ...), as a number.
-fn proc_status(pid: u32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the process runs");
-    let value = status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}:")))
-        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
-        .trim();
-    u64::from_str_radix(value, if key.starts_with("Cap") { 16 } else { 10 }).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemonset_command_serves_the_configmap_as_uid_0_without_capabilities() {
-    let docs = rendered();
-    let ds: DaemonSet = one(&docs);
-    let c = the_container(&ds);
-
-    // The node: devices of both configured scanners, and kubelet's plugin dir as kubelet makes it
-    // (root's, 0750).
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232)
-        .char_dev("net/tun", 10, 200)
-        .char_dev("vhost-net", 10, 238)
-        .char_dev("fuse", 10, 229)
-        .char_dev("ttyUSB0", 188, 0)
-        .char_dev("ttyACM0", 166, 0);
-    let plugins = f.path().join("device-plugins");
-    std::fs::create_dir(&plugins).unwrap();
-    std::fs::set_permissions(&plugins, PermissionsExt::from_mode(0o750)).unwrap();
-    // The other writable mounts, as kubelet makes them before the container starts.
-    let cdi = f.path().join("cdi");
-    let state = f.path().join("state");
-    std::fs::create_dir(&cdi).unwrap();
-    std::fs::create_dir(&state).unwrap();
-
-    // The ConfigMap's config, with the built components and the fixture's CDI and OCI dirs.
-    let mut config = with_built_components(&config_yaml(&docs), |s| {
-        if let Some(cdi_map) = s.get_mut("cdi").and_then(|c| c.as_mapping_mut()) {
-            cdi_map.insert("dir".into(), cdi.display().to_string().into());
-        }
-    });
-    let oci = format!("{{cache-dir: {}}}", state.join("oci").display());
-    config["oci"] = serde_yaml_ng::from_str(&oci).unwrap();
-    let etc = f.path().join("etc-wdp");
-    let config_path = configmap_volume(
-        &etc,
-        "wdp.yaml",
-        &serde_yaml_ng::to_string(&config).unwrap(),
-    );
-
-    // The DaemonSet's own arguments, each path moved to its fixture counterpart.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut args = vec!["run".to_string()];
-    for (name, value) in run_flags(c) {
-        let value = match name.as_str() {
-            "--config" => config_path.display().to_string(),
-            "--sys-root" => f.sys().display().to_string(),
-            "--dev-root" => f.dev().display().to_string(),
-            "--plugin-dir" => plugins.display().to_string(),
-            "--compile-cache" => state.join("compiled").display().to_string(),
-            "--metrics-addr" => format!("127.0.0.1:{port}"),
-            other => panic!("{other} {value}: the test does not know where to point it"),
-        };
-        args.extend([name, value]);
-    }
-
-    // The control: under these settings uid 0 cannot read a file of another user (no
-    // CAP_DAC_OVERRIDE), so whatever wdp does below, it does through ordinary permissions.
-    let private = f.path().join("not-roots");
-    std::fs::write(&private, "x").unwrap();
-    std::fs::set_permissions(&private, PermissionsExt::from_mode(0o600)).unwrap();
-    rustix::fs::chown(&private, Some(rustix::fs::Uid::from_raw(4321)), None).unwrap();
-    let denied = std::process::Command::new("setpriv")
-        .args(SETPRIV)
-        .args(["cat"])
-        .arg(&private)
-        .output()
-        .expect("run setpriv (util-linux)");
-    assert!(
-        !denied.status.success(),
-        "setpriv did not drop the capabilities"
-    );
-    assert!(String::from_utf8_lossy(&denied.stderr).contains("Permission denied"));
-
-    let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
-    let mut seen = Seen::new(observed);
-    let log = f.path().join("wdp-run.log");
-    // As the pod runs it: a read-only root with the writable mounts (READ_ONLY_ROOT), uid 0
-    // without capabilities (SETPRIV), the container's environment only.
-    let mut cmd = tokio::process::Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-ec"])
-        .arg(READ_ONLY_ROOT)
-        .arg("sh")
-        .args([&plugins, &cdi, &state])
-        .arg("setpriv")
-        .args(SETPRIV)
-        .arg(wdp_tests::wdp_bin())
-        .args(&args)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin");
-    for e in c.env.iter().flatten() {
-        cmd.env(&e.name, e.value.as_deref().unwrap_or_default());
-    }
-    let host = Host::spawn(&mut cmd, &log).expect("run setpriv (util-linux)");
-
-    let resources = [
-        "devices.wdp.dev/kvm",
-        "devices.wdp.dev/tun",
-        "devices.wdp.dev/vhost-net",
-        "devices.wdp.dev/fuse",
-        "generic.wdp.dev/serial",
-    ];
-    seen.all_listed(&resources).await;
-    seen.devices("generic.wdp.dev/serial", &["ttyACM0", "ttyUSB0"])
-        .await;
-    assert_eq!(kubelet.resources(), {
-        let mut r = resources.to_vec();
-        r.sort();
-        r
-    });
-
-    // It really ran without privileges (setpriv execs wdp: the pid is wdp's).
-    let pid = host.pid();
-    for key in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
-        assert_eq!(proc_status(pid, key), 0, "{key} of wdp");
-    }
-    assert_eq!(proc_status(pid, "NoNewPrivs"), 1);
-
-    // The probes and the scrape target answer, on the paths the DaemonSet names.
-    let path = |probe: &Option<k8s_openapi::api::core::v1::Probe>| {
-        let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
-        get.and_then(|g| g.path.clone()).expect("an HTTP probe")
-    };
-    until_status(port, &path(&c.readiness_probe), 200).await;
-    until_status(port, &path(&c.liveness_probe), 200).await;
-    let annotations = ds
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.as_ref());
-    let scrape = &annotations.expect("annotations")["prometheus.io/path"];
-    let metrics = until_status(port, scrape, 200).await;
-    assert!(metrics.contains("# TYPE"), "Prometheus text: {metrics}");
-
-    // The writable mounts are what it wrote: sockets, CDI specs, the compile cache.
-    assert!(std::fs::read_dir(state.join("compiled")).unwrap().count() > 0);
-    let spec = cdi.join("wdp-devices.wdp.dev-kvm.json");
-    assert!(spec.is_file(), "{} was written", spec.display());
-    let r = kubelet
-        .allocate("devices.wdp.dev/kvm", &["kvm-0"])
-        .await
-        .expect("Allocate");
-    assert_eq!(
-        r.container_responses[0].cdi_devices[0].name,
-        "devices.wdp.dev/kvm=kvm-0"
-    );
-
-    // SIGTERM, as kubelet stops the pod: a clean exit that leaves no socket behind, and the
-    // CDI specs for the containers kubelet restarts before the next wdp is up.
-    let status = host.terminate().await;
-    assert!(status.success(), "exit status {status}");
-    assert_eq!(sockets(&plugins), ["kubelet.sock"]);
-    assert!(spec.exists(), "CDI specs outlive the process");
-    kubelet.stop().await;
 }
 
 /// The version of `name` in a Cargo.lock's text (its first entry).
@@ -1487,7 +1228,7 @@ fn the_dra_pod_adds_only_a_token_the_node_name_and_kubelets_dra_dirs() {
     // sees them), Directory (kubelet makes them).
     let mut writable_host = BTreeSet::new();
     for m in c.volume_mounts.iter().flatten().filter(|m| writable(m)) {
-        let (_, v) = mount_of(&ds, &m.mount_path);
+        let v = volume_of(&ds, &m.name);
         if let Some(path) = host_path(v) {
             assert_eq!(m.mount_path, path);
             writable_host.insert(path.to_string());
@@ -1502,14 +1243,18 @@ fn the_dra_pod_adds_only_a_token_the_node_name_and_kubelets_dra_dirs() {
     assert_eq!(writable_host, expected);
     // They are where `wdp run` looks when the config's `node:` does not say (the ConfigMap's
     // does not), and kubelet makes them.
+    let dra_pod = pod_of(&ds);
     for dir in [
         wdp::config::DEFAULT_KUBELET_PLUGINS_DIR,
         wdp::config::DEFAULT_KUBELET_PLUGINS_REGISTRY_DIR,
     ] {
-        let (m, v) = mount_of(&ds, dir);
-        assert_eq!(m.mount_path, dir);
+        let m = dra_pod.mount_of(dir);
+        assert_eq!(m.path, dir);
         assert_eq!(
-            v.host_path.as_ref().and_then(|h| h.type_.as_deref()),
+            volume_of(&ds, &m.volume)
+                .host_path
+                .as_ref()
+                .and_then(|h| h.type_.as_deref()),
             Some("Directory")
         );
     }
@@ -1799,12 +1544,7 @@ async fn every_device_class_bridges_one_served_type_and_selects_its_devices() {
     let docs = rendered_dra();
     let config = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
     let f = Fixture::new();
-    f.char_dev("kvm", 10, 232)
-        .char_dev("net/tun", 10, 200)
-        .char_dev("vhost-net", 10, 238)
-        .char_dev("fuse", 10, 229)
-        .char_dev("ttyUSB0", 188, 0)
-        .char_dev("ttyACM0", 166, 0);
+    configmap_devices(&f);
     let sandbox = wdp_tests::sandbox(&f);
     // (extended resource name, driver, device name) of every published device.
     let mut published: Vec<(String, String, String, Value)> = Vec::new();
@@ -1941,32 +1681,5 @@ fn kubectl_kustomize_renders_the_dra_component_the_same() {
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [../../deploy]\ncomponents: [../../deploy/dra]\n",
     )
     .unwrap();
-    let out = match std::process::Command::new("kubectl")
-        .args(["kustomize"])
-        .arg(dir.path())
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("kubectl is not installed: rendering compared with nothing but this test's");
-            return;
-        }
-        Err(e) => panic!("kubectl: {e}"),
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = |v: &Value| format!("{}/{}", v["kind"], v["metadata"]["name"]);
-    let mut theirs = yaml_documents(&String::from_utf8_lossy(&out.stdout)).unwrap();
-    let mut ours: Vec<Value> = rendered_dra().into_iter().map(|d| d.value).collect();
-    theirs.sort_by_key(key);
-    ours.sort_by_key(key);
-    assert_eq!(theirs.len(), ours.len());
-    for (t, o) in theirs.iter().zip(&ours) {
-        let mut problems = Vec::new();
-        compare("", o, t, &mut problems);
-        assert!(problems.is_empty(), "{}: {problems:?}", key(o));
-    }
+    compare_with_kubectl(dir.path(), rendered_dra());
 }

@@ -1,36 +1,39 @@
-//! The shipped image, built and run: `scripts/image.sh` builds the `Containerfile` with podman,
-//! and podman runs the image as `deploy/daemonset.yaml` runs it, against the kubelet stand-in
-//! in this process.
+//! The shipped image, built and run: `scripts/image.sh` builds the `Containerfile` with podman, and
+//! podman runs the image as `deploy/daemonset.yaml` runs it, against the kubelet stand-in in this
+//! process.
 //!
 //! The image is built from the binary the tests already built (`target/debug/wdp`, through
 //! `scripts/image.sh --binary`, the same script and Containerfile as `make image`), not from a
-//! release build: `make test` would otherwise spend many minutes building wasmtime a second
-//! time. Everything else in it (libraries, CA bundle, scanners) is what `make image` ships.
+//! release build: `make test` would otherwise spend many minutes building wasmtime a second time.
+//! Everything else in it (libraries, CA bundle, scanners) is what `make image` ships.
 //!
-//! The container is started from the DaemonSet's own fields: its command, arguments and env,
-//! uid 0, every capability dropped, no-new-privileges, a read-only root filesystem (without the
-//! tmpfs mounts podman adds by default: Kubernetes adds none), its memory limit, and each volume
-//! mount at its path with its mode: the fixture's /sys and /dev read-only at /host/sys and
-//! /host/dev, the plugin dir (where the stand-in's `kubelet.sock` is) and the CDI dir writable,
-//! an empty directory for the emptyDir, and the ConfigMap's `wdp.yaml` laid out as kubelet lays
-//! out a ConfigMap volume. The component paths in the config are the image's own.
+//! The container is started from the DaemonSet's own fields (as `wdp_tests::daemonset` reads them):
+//! its command, arguments and env, uid 0, every capability dropped, no-new-privileges, a read-only
+//! root filesystem (without the tmpfs mounts podman adds by default: Kubernetes adds none), its
+//! memory limit, and each volume mount at its path with its mode: the fixture's /sys and /dev
+//! read-only at /host/sys and /host/dev, the plugin dir (where the stand-in's `kubelet.sock` is)
+//! and the CDI dir writable, an empty directory for the emptyDir, and the ConfigMap's `wdp.yaml`
+//! laid out as kubelet lays out a ConfigMap volume. The component paths in the config are the
+//! image's own.
 //!
-//! The network is the container's own (`--network none`: its loopback only), as the DaemonSet
-//! has no host network; the probes are made as kubelet makes them, on the pod's address and the
-//! metrics port, from inside the container's network namespace. No port is published on the
-//! machine, so runs in parallel never collide.
+//! The network is the container's own (`--network none`: its loopback only), as the DaemonSet has
+//! no host network; the probes (and Prometheus's scrape, at the pod's annotation) are made as
+//! kubelet makes them, on the pod's address and the metrics port, from inside the container's
+//! network namespace. No port is published on the machine, so runs in parallel never collide.
 //!
 //! podman keeps its storage in a temp directory (`wdp_tests::podman`). Skipped (with the reason
 //! printed) only where podman cannot run any container.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_yaml_ng::Value;
+use serde_json::Value;
 use wdp_kubelet::standin::StandIn;
+use wdp_tests::daemonset::{Pod, Source, configmap_devices};
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Seen, sockets};
 use wdp_tests::podman::{Podman, RUN_LIMITS};
+use wdp_tests::repo;
 
 /// The tag the test builds (its own storage: no other image has it).
 const IMAGE: &str = "localhost/wdp:test";
@@ -41,14 +44,7 @@ const NAME: &str = "wdp";
 const FTDI: &str = "usb-FTDI_FT232R_USB_UART_A12345-if00-port0";
 const ARDUINO: &str = "usb-Arduino__www.arduino.cc__0043_85736323838351F0E1A0-if00";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is inside the repository")
-        .to_path_buf()
-}
-
-/// A one-document manifest from `deploy/`.
+/// A one-document manifest from `deploy/` (as JSON values: what [`Pod::of`] reads).
 fn manifest(name: &str) -> Value {
     let path = repo().join("deploy").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -96,7 +92,8 @@ fn serial_by_id_instead_of_generic(config: &str) -> String {
             None => out.push(line.to_string()),
         }
     }
-    let mut doc: Value = serde_yaml_ng::from_str(&out.join("\n")).expect("the edited config");
+    let mut doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&out.join("\n")).expect("the edited config");
     let scanners = doc["scanners"].as_sequence_mut().expect("scanners");
     let before = scanners.len();
     scanners.retain(|s| s["name"].as_str() != Some("serial"));
@@ -150,13 +147,15 @@ async fn http_get_in(pid: u32, port: u16, path: &str) -> Result<(u16, String), S
     .map_err(|e| e.to_string())?
 }
 
-/// Polls `GET path` until it answers `want`, failing after 20 s.
-async fn until_status(pid: u32, port: u16, path: &str, want: u16) {
+/// Polls `GET path` until it answers `want`, failing after 20 s; the body it answered.
+async fn until_status(pid: u32, port: u16, path: &str, want: u16) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let got = http_get_in(pid, port, path).await;
-        if matches!(&got, Ok((status, _)) if *status == want) {
-            return;
+        if let Ok((status, body)) = &got
+            && *status == want
+        {
+            return body.clone();
         }
         assert!(
             Instant::now() < deadline,
@@ -271,12 +270,7 @@ async fn the_image_runs_as_the_daemonset_runs_it() {
     // adapters, for the edited config), kubelet's plugin dir as kubelet makes it (root's, 0750),
     // and the other volumes as kubelet prepares them before the container starts.
     let f = Fixture::new();
-    f.char_dev("kvm", 10, 232)
-        .char_dev("net/tun", 10, 200)
-        .char_dev("vhost-net", 10, 238)
-        .char_dev("fuse", 10, 229)
-        .char_dev("ttyUSB0", 188, 0)
-        .char_dev("ttyACM0", 166, 0)
+    configmap_devices(&f)
         .dev_link(&format!("serial/by-id/{FTDI}"), "../../ttyUSB0")
         .dev_link(&format!("serial/by-id/{ARDUINO}"), "../../ttyACM0");
     let plugins = f.path().join("device-plugins");
@@ -296,34 +290,19 @@ async fn the_image_runs_as_the_daemonset_runs_it() {
     write_configmap(&config_dir, "wdp.yaml", config, 1);
 
     // The DaemonSet's pod, field by field.
-    let ds = manifest("daemonset.yaml");
-    let pod = &ds["spec"]["template"]["spec"];
-    let containers = pod["containers"].as_sequence().expect("containers");
-    assert_eq!(containers.len(), 1);
-    let c = &containers[0];
-    let sc = &c["securityContext"];
-    assert_eq!(pod["securityContext"]["runAsUser"].as_u64(), Some(0));
-    assert_eq!(pod["securityContext"]["runAsGroup"].as_u64(), Some(0));
-    assert_eq!(pod["hostNetwork"].as_bool(), Some(false));
-    assert_eq!(sc["privileged"].as_bool(), Some(false));
-    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
-    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true));
-    assert_eq!(
-        sc["capabilities"]["drop"].as_sequence().map(Vec::as_slice),
-        Some(&[Value::from("ALL")][..])
-    );
-    assert!(sc["capabilities"].get("add").is_none());
+    let pod = Pod::of(&manifest("daemonset.yaml"));
+    let sc = &pod.security;
+    assert_eq!((sc.run_as_user, sc.run_as_group), (Some(0), Some(0)));
+    assert_eq!(sc.host_network, Some(false));
+    assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root, Some(true));
+    assert_eq!(sc.drop, ["ALL"]);
+    assert!(sc.add.is_empty());
     // seccomp RuntimeDefault: podman applies its default profile unless told otherwise.
-    assert_eq!(
-        pod["securityContext"]["seccompProfile"]["type"].as_str(),
-        Some("RuntimeDefault")
-    );
-    let grace = pod["terminationGracePeriodSeconds"]
-        .as_u64()
-        .expect("terminationGracePeriodSeconds");
-    let memory = str_of(&c["resources"]["limits"]["memory"], "the memory limit")
-        .replace("Mi", "m")
-        .replace("Gi", "g");
+    assert_eq!(sc.seccomp.as_deref(), Some("RuntimeDefault"));
+    let grace = pod.grace_seconds;
+    let memory = pod.memory_limit.replace("Mi", "m").replace("Gi", "g");
     let grace_arg = grace.to_string();
     let mut run: Vec<String> = [
         "run",
@@ -349,65 +328,33 @@ async fn the_image_runs_as_the_daemonset_runs_it() {
     .map(|s| s.to_string())
     .collect();
     run.extend(RUN_LIMITS.iter().map(|s| s.to_string()));
-    for e in c["env"].as_sequence().into_iter().flatten() {
-        let (name, value) = (
-            str_of(&e["name"], "env name"),
-            str_of(&e["value"], "env value"),
-        );
+    for (name, value) in &pod.env {
         run.extend(["--env".into(), format!("{name}={value}")]);
     }
-    let volumes = pod["volumes"].as_sequence().expect("volumes");
-    for m in c["volumeMounts"].as_sequence().expect("volumeMounts") {
-        let name = str_of(&m["name"], "a mount's volume");
-        let volume = volumes
-            .iter()
-            .find(|v| v["name"].as_str() == Some(name))
-            .unwrap_or_else(|| panic!("no volume {name}"));
-        let source = if volume.get("configMap").is_some() {
-            config_dir.clone()
-        } else if volume.get("emptyDir").is_some() {
-            state.clone()
-        } else {
-            match str_of(&volume["hostPath"]["path"], "a hostPath") {
+    for m in &pod.mounts {
+        let source = match &m.source {
+            Source::ConfigMap(_) => config_dir.clone(),
+            Source::EmptyDir => state.clone(),
+            Source::HostPath(path) => match path.as_str() {
                 "/sys" => f.sys(),
                 "/dev" => f.dev(),
                 "/var/lib/kubelet/device-plugins" => plugins.clone(),
                 "/var/run/cdi" => cdi.clone(),
                 other => panic!("hostPath {other}: the test has no stand-in for it"),
-            }
+            },
+            Source::Other => panic!("volume {}: the test has no stand-in for it", m.volume),
         };
-        let mode = if m["readOnly"].as_bool() == Some(true) {
-            "ro"
-        } else {
-            "rw"
-        };
-        let target = str_of(&m["mountPath"], "a mountPath");
+        let mode = if m.read_only { "ro" } else { "rw" };
         run.extend([
             "--volume".into(),
-            format!("{}:{target}:{mode}", source.display()),
+            format!("{}:{}:{mode}", source.display(), m.path),
         ]);
     }
-    let command = c["command"].as_sequence().expect("command");
-    assert_eq!(command.len(), 1, "{command:?}");
-    run.extend([
-        "--entrypoint".into(),
-        str_of(&command[0], "command").to_string(),
-    ]);
+    assert_eq!(pod.command.len(), 1, "{:?}", pod.command);
+    run.extend(["--entrypoint".into(), pod.command[0].clone()]);
     run.push(IMAGE.into());
-    let args: Vec<&str> = c["args"]
-        .as_sequence()
-        .expect("args")
-        .iter()
-        .map(|a| str_of(a, "an argument"))
-        .collect();
-    run.extend(args.iter().map(|a| a.to_string()));
-    let port: u16 = args
-        .iter()
-        .position(|a| *a == "--metrics-addr")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|addr| addr.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
-        .expect("--metrics-addr HOST:PORT");
+    run.extend(pod.args.iter().cloned());
+    let port = pod.metrics_port();
 
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
@@ -459,10 +406,15 @@ async fn the_image_runs_as_the_daemonset_runs_it() {
     }
     assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
 
-    // The probes, on the paths and port the DaemonSet gives them.
-    let probe_path = |probe: &str| str_of(&c[probe]["httpGet"]["path"], probe).to_string();
-    until_status(pid, port, &probe_path("readinessProbe"), 200).await;
-    until_status(pid, port, &probe_path("livenessProbe"), 200).await;
+    // The probes and the scrape target, on the paths and port the DaemonSet gives them.
+    until_status(pid, port, &pod.readiness_path, 200).await;
+    until_status(pid, port, &pod.liveness_path, 200).await;
+    let scrape = pod
+        .scrape_path
+        .as_deref()
+        .expect("a prometheus.io/path annotation");
+    let metrics = until_status(pid, port, scrape, 200).await;
+    assert!(metrics.contains("# TYPE"), "Prometheus text: {metrics}");
 
     // It wrote where the DaemonSet lets it: the compile cache in the emptyDir, the CDI specs.
     let compiled = state.join("compiled");
@@ -496,7 +448,7 @@ async fn the_image_runs_as_the_daemonset_runs_it() {
         kvm_registrations,
         "kvm was not restarted by the reload"
     );
-    until_status(pid, port, &probe_path("readinessProbe"), 200).await;
+    until_status(pid, port, &pod.readiness_path, 200).await;
     let specs_before_stop: Vec<String> = std::fs::read_dir(&cdi)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

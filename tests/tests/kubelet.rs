@@ -441,9 +441,9 @@ mod manager {
     use super::*;
     use std::sync::Arc;
     use wdp::manager::{Claims, Manager};
-    use wdp::server::PluginSockets;
     use wdp::tree::{DeviceInfo, DeviceTree};
     use wdp_kubelet::dir::PluginDir;
+    use wdp_kubelet::server::PluginSockets;
 
     fn tree(types: &[&str]) -> DeviceTree {
         let info = DeviceInfo::default();
@@ -468,10 +468,10 @@ mod manager {
         let plugins = f.plugin_dir();
         let k = kubelet(&plugins);
         let mut m = Manager::new("t".into(), "ns.example.com".into(), k, None, Arc::default());
-        let d = m.apply(&tree(&["a", "b"]));
+        let d = m.apply(tree(&["a", "b"]));
         assert_eq!((d.added.len(), d.updated.len(), d.removed.len()), (2, 0, 0));
         // "b" goes away at once, before kubelet even exists: nothing may be left of it.
-        let d = m.apply(&tree(&["a"]));
+        let d = m.apply(tree(&["a"]));
         assert_eq!(d.removed, ["b"]);
         let (kubelet, seen) = StandIn::start(&plugins).unwrap();
         let mut seen = Seen::new(seen);
@@ -486,10 +486,10 @@ mod manager {
             .get_mut("a")
             .unwrap()
             .insert("d1".into(), tree(&["x"]).0["x"]["d0"].clone());
-        let d = m.apply(&changed);
+        let d = m.apply(changed.clone());
         assert_eq!(d.updated, ["a"]);
         seen.devices("ns.example.com/a", &["d0", "d1"]).await;
-        assert!(m.apply(&changed).is_empty());
+        assert!(m.apply(changed).is_empty());
 
         m.stop_all().await;
         assert_eq!(sockets(&plugins), ["kubelet.sock"]);
@@ -505,8 +505,8 @@ mod manager {
         let ns = "ns.example.com".to_string();
         let mut first = Manager::new("first".into(), ns.clone(), k.clone(), None, claims.clone());
         let mut second = Manager::new("second".into(), ns, k, None, claims);
-        first.apply(&tree(&["gpu"]));
-        second.apply(&tree(&["gpu", "npu"]));
+        first.apply(tree(&["gpu"]));
+        second.apply(tree(&["gpu", "npu"]));
         assert_eq!(first.served(), ["gpu"]);
         assert_eq!(second.served(), ["npu"]);
         first.stop_all().await;
@@ -520,7 +520,7 @@ mod manager {
         let k = kubelet(&plugins);
         let long_ns = format!("{}.example.com", "a".repeat(60));
         let mut m = Manager::new("t".into(), long_ns, k, None, Arc::default());
-        m.apply(&tree(&[&"b".repeat(60)]));
+        m.apply(tree(&[&"b".repeat(60)]));
         assert!(m.served().is_empty());
         let e = wdp_kubelet::names::Resource::new("ns.example.com", &"b".repeat(120), &plugins)
             .unwrap_err()

@@ -1,11 +1,13 @@
 //! `wdp-kubelet`: talking to kubelet as a device plugin does. The Device Plugin API v1beta1
 //! (`proto/`, [`api`]), Unix-socket transport ([`transport`]), the device-plugin directory watch
-//! ([`dir`]), registration ([`register`]), the names kubelet and Linux accept ([`names`]), and a
-//! kubelet stand-in for demos and tests ([`standin`], with kubelet's checkpoint file,
-//! [`checkpoint`]).
+//! ([`dir`]), registration ([`register`]), the names kubelet and Linux accept ([`names`]), one
+//! device-plugin server per resource ([`server`]), and a kubelet stand-in for demos and tests
+//! ([`standin`], with kubelet's checkpoint file, [`checkpoint`]).
 //!
-//! The bottom of wdp's data path: the device-plugin servers build on it, and it knows nothing of
-//! guests, trees or the sandbox, so it builds without a wasm runtime.
+//! The bottom of wdp's data path. It knows nothing of guests, trees or the sandbox, so it builds
+//! without a wasm runtime: a server reaches what it serves through two traits its owner implements,
+//! [`server::ResourcePlugin`] (the device list and the answers to kubelet's calls) and
+//! [`server::ServerReport`] (registration, lost streams, Allocate calls).
 
 #![warn(missing_docs)]
 
@@ -13,6 +15,7 @@ pub mod checkpoint;
 pub mod dir;
 pub mod names;
 pub mod register;
+pub mod server;
 pub mod standin;
 pub mod transport;
 

@@ -19,9 +19,9 @@ use crate::fleet::Fleet;
 use crate::manager::Claims;
 use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{Roots, Sandbox};
-use crate::server::PluginSockets;
 use crate::status::Observability;
 use wdp_kubelet::dir::PluginDir;
+use wdp_kubelet::server::PluginSockets;
 use wdp_kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 
 /// Run the configured scanners and serve their devices to kubelet.

@@ -8,11 +8,6 @@ use crate::allocate::AllocateError;
 use crate::hooks::HookError;
 use wdp_kubelet::names::Resource;
 
-/// A call the plugin did not advertise to kubelet (no hook exports it).
-pub(super) fn not_advertised() -> Status {
-    Status::unimplemented("this device plugin does not advertise this call")
-}
-
 /// The status of a failed `hook` call on `resource`: DeadlineExceeded when it ran out of time.
 pub(super) fn hook_status(resource: &Resource, hook: &str, e: HookError) -> Status {
     let message = format!("{}: {hook} hook failed: {e}", resource.name);

@@ -1,125 +1,205 @@
-//! One kubelet device plugin server per resource `<namespace>/<dev-type>`.
+//! One resource of a scanner as wdp serves it to kubelet: the adapter between the manager's device
+//! groups and guest hooks, and `wdp_kubelet`'s device-plugin server.
 //!
-//! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves,
-//! then registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to
-//! appear rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or
-//! our socket is deleted (kubelet's cleanup), it serves again and re-registers at once. When
-//! kubelet's ListAndWatch stream ends while both sides keep running (same socket, same
-//! `kubelet.sock`), it registers again at once, with a backoff if that keeps happening: kubelet
-//! has then marked every device unhealthy and stopped the endpoint, calls ListAndWatch on it
-//! never again, and drops the resource after 5 minutes (`endpointStopGracePeriod`); only a new
-//! registration replaces the endpoint. Stopping cancels the task, which ends every stream,
-//! removes the socket and leaves nothing behind, whatever state it was in.
-//!
-//! One concept per file: the registration state machine (`lifecycle.rs`), the gRPC service and
-//! its conversions (`service.rs`), what a hook's failure answers kubelet (`hook_errors.rs`). The
-//! names a server derives (endpoint, socket path) are [`wdp_kubelet::names::Resource`]'s.
-//!
-//! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow
-//! or absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
+//! The server itself (socket, registration, re-registration, ListAndWatch streams) is
+//! [`wdp_kubelet::server::ResourceServer`], which knows nothing of trees or guests. What it serves
+//! is a [`ServedResource`]: the validated [`DeviceGroup`] as kubelet's devices, Allocate answered
+//! with `allocate.rs`'s default response and the post-allocate hook, GetPreferredAllocation with
+//! `preferred.rs`'s shaping of its hook's advice, PreStartContainer with its hook
+//! ([`crate::hooks`]); what a failed hook answers kubelet is `hook_errors.rs`. Registration and
+//! Allocate calls reach `/status` and `/metrics` through the resource's
+//! [`crate::status::ResourceHandle`], the server's [`wdp_kubelet::server::ServerReport`].
 
 mod hook_errors;
-mod lifecycle;
-mod service;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use wdp_kubelet::api;
+use wdp_kubelet::names::Resource;
+use wdp_kubelet::server::{ResourcePlugin, not_advertised};
 
+use self::hook_errors::{allocate_error, hook_status};
+use crate::allocate::{self, AllocateError, ContainerResponse};
+use crate::bindings::types as wit;
 use crate::hooks::Hooks;
+use crate::preferred;
 use crate::status::ResourceHandle;
 use crate::tree::DeviceGroup;
-use wdp_kubelet::dir::PluginDir;
-use wdp_kubelet::names::Resource;
 
-use self::lifecycle::{Streams, lifecycle};
-use self::service::PluginService;
-pub use self::service::to_list;
+/// A device-plugin server of one of a scanner's resources, as the manager runs it.
+pub type ResourceServer = wdp_kubelet::server::ResourceServer<ServedResource>;
 
-/// The plugin directory, watched, and kubelet's registration socket in it: where every server of
-/// a host puts its socket and whom it registers with.
-pub struct PluginSockets {
-    /// The watched plugin directory (normally `/var/lib/kubelet/device-plugins`).
-    pub dir: PluginDir,
-    /// kubelet's registration socket (`kubelet.sock` in `dir`).
-    pub socket: PathBuf,
-}
-
-impl PluginSockets {
-    /// True when `name`, a file in the plugin directory, is kubelet's registration socket.
-    fn is_socket(&self, name: &str) -> bool {
-        self.socket.file_name().is_some_and(|n| n == name)
-    }
-}
-
-/// A running resource server. Dropping it without [`ResourceServer::stop`] also stops it.
-pub struct ResourceServer {
+/// One resource of a scanner, answering kubelet's calls: its hooks, if the scanner has any, and
+/// where its status goes.
+pub struct ServedResource {
     resource: Resource,
+    hooks: Option<Arc<Hooks>>,
     status: ResourceHandle,
-    devices: watch::Sender<Arc<DeviceGroup>>,
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
 }
 
-impl Drop for ResourceServer {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-impl ResourceServer {
-    /// Starts serving `devices` as `resource`, reporting registration and Allocate calls to
-    /// `status`.
-    pub fn start(
-        kubelet: Arc<PluginSockets>,
-        resource: Resource,
-        devices: Arc<DeviceGroup>,
-        hooks: Option<Arc<Hooks>>,
-        status: ResourceHandle,
-    ) -> Self {
-        let (tx, rx) = watch::channel(devices);
-        let cancel = CancellationToken::new();
-        let service = PluginService {
-            resource: Arc::new(resource.clone()),
-            devices: rx,
-            hooks,
-            stop: cancel.clone(),
-            status: status.clone(),
-            streams: Arc::new(Streams::default()),
-        };
-        let task = tokio::spawn(lifecycle(kubelet, service, cancel.clone()));
-        ResourceServer {
+impl ServedResource {
+    /// `resource`, answered with the scanner's `hooks`, its Allocate calls and hook fallbacks
+    /// counted in `status`.
+    pub fn new(resource: Resource, hooks: Option<Arc<Hooks>>, status: ResourceHandle) -> Self {
+        ServedResource {
             resource,
+            hooks,
             status,
-            devices: tx,
-            cancel,
-            task: Some(task),
         }
-    }
-
-    /// The resource served.
-    pub fn resource(&self) -> &Resource {
-        &self.resource
     }
 
     /// Where this resource's status and metrics go.
     pub fn status(&self) -> &ResourceHandle {
         &self.status
     }
+}
 
-    /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
-    pub fn update(&self, devices: Arc<DeviceGroup>) {
-        self.devices.send_replace(devices);
+impl ResourcePlugin for ServedResource {
+    type Devices = DeviceGroup;
+
+    fn options(&self) -> api::DevicePluginOptions {
+        self.hooks.as_ref().map(|h| h.options()).unwrap_or_default()
     }
 
-    /// Stops serving: streams end, the socket is removed. Returns once all of that is done.
-    pub async fn stop(mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+    fn list(devices: &DeviceGroup) -> Vec<api::Device> {
+        devices
+            .iter()
+            .map(|(id, info)| api::Device {
+                id: id.clone(),
+                health: info.health.as_str().into(),
+                // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
+                // kubelet versions then never align it): no nodes is no topology.
+                topology: info
+                    .numa_nodes
+                    .as_ref()
+                    .filter(|n| !n.is_empty())
+                    .map(|nodes| api::TopologyInfo {
+                        nodes: nodes
+                            .iter()
+                            .map(|&n| api::NumaNode { id: n.into() })
+                            .collect(),
+                    }),
+            })
+            .collect()
+    }
+
+    /// The default response, then the post-allocate hook if any.
+    async fn allocate(
+        &self,
+        devices: &DeviceGroup,
+        requests: Vec<api::ContainerAllocateRequest>,
+    ) -> Result<api::AllocateResponse, Status> {
+        let responses = allocate::default_responses(&self.resource.name, devices, &requests)?;
+        let responses = match &self.hooks {
+            Some(hooks) if hooks.has_post_allocate() => {
+                self.post_allocate(hooks, &requests, responses).await?
+            }
+            _ => responses,
+        };
+        Ok(api::AllocateResponse {
+            container_responses: responses
+                .into_iter()
+                .map(ContainerResponse::into_proto)
+                .collect(),
+        })
+    }
+
+    async fn preferred_allocation(
+        &self,
+        requests: Vec<api::ContainerPreferredAllocationRequest>,
+    ) -> Result<api::PreferredAllocationResponse, Status> {
+        let hooks = self.hooks.as_ref().ok_or_else(not_advertised)?;
+        let requests: Vec<wit::ContainerPreferredAllocationRequest> = requests
+            .into_iter()
+            .map(|r| wit::ContainerPreferredAllocationRequest {
+                available_device_ids: r.available_device_i_ds,
+                must_include_device_ids: r.must_include_device_i_ds,
+                allocation_size: u32::try_from(r.allocation_size).unwrap_or(0),
+            })
+            .collect();
+        // Advice only: kubelet allocates without it, so a failing hook must not fail the pod.
+        let resource = &self.resource.name;
+        let answers = match hooks
+            .preferred_allocation(&self.resource.dev_type, &requests)
+            .await
+        {
+            None => return Err(not_advertised()),
+            Some(Ok(answers)) if answers.len() == requests.len() => Some(answers),
+            Some(Ok(answers)) => {
+                tracing::warn!(resource = %resource, answers = answers.len(), requests = requests.len(), "get-preferred-allocation hook answered the wrong number of containers; no preference");
+                None
+            }
+            Some(Err(e)) => {
+                tracing::warn!(resource = %resource, error = %e, "get-preferred-allocation hook failed; no preference");
+                None
+            }
+        };
+        if answers.is_none() {
+            self.status.preferred_fallback();
         }
+        let mut answers = answers.map(Vec::into_iter);
+        let container_responses = requests
+            .iter()
+            .map(|request| api::ContainerPreferredAllocationResponse {
+                device_i_ds: preferred::answer(request, answers.as_mut().and_then(Iterator::next)),
+            })
+            .collect();
+        Ok(api::PreferredAllocationResponse {
+            container_responses,
+        })
+    }
+
+    async fn pre_start(&self, device_ids: Vec<String>) -> Result<(), Status> {
+        let hooks = self.hooks.as_ref().ok_or_else(not_advertised)?;
+        match hooks.pre_start(&self.resource.dev_type, &device_ids).await {
+            None => Err(not_advertised()),
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(hook_status(&self.resource, "pre-start-container", e)),
+        }
+    }
+}
+
+impl ServedResource {
+    /// The post-allocate hook's rewrite of the default `responses`, checked against the
+    /// scanner's policy before kubelet sees it.
+    async fn post_allocate(
+        &self,
+        hooks: &Hooks,
+        requests: &[api::ContainerAllocateRequest],
+        responses: Vec<ContainerResponse>,
+    ) -> Result<Vec<ContainerResponse>, AllocateError> {
+        let resource = &self.resource.name;
+        let wit_requests: Vec<_> = requests
+            .iter()
+            .map(|r| wit::ContainerAllocateRequest {
+                device_ids: r.devices_ids.clone(),
+            })
+            .collect();
+        let wit_responses: Vec<_> = responses.iter().map(ContainerResponse::to_wit).collect();
+        let answer = hooks
+            .post_allocate(&self.resource.dev_type, &wit_requests, &wit_responses)
+            .await;
+        let answer = match answer {
+            None => return Ok(responses),
+            Some(Ok(answer)) => answer,
+            Some(Err(e)) => return Err(allocate_error(resource, e)),
+        };
+        if answer.len() != requests.len() {
+            return Err(AllocateError::HookCount {
+                resource: resource.clone(),
+                got: answer.len(),
+                want: requests.len(),
+            });
+        }
+        answer
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| hooks.check_response(i, r))
+            .collect::<Result<_, _>>()
+            .map_err(|error| AllocateError::HookInvalid {
+                resource: resource.clone(),
+                error,
+            })
     }
 }

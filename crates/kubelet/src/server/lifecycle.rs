@@ -14,10 +14,11 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use super::PluginSockets;
+use super::plugin::ResourcePlugin;
 use super::service::PluginService;
-use wdp_kubelet::api::device_plugin_server::DevicePluginServer;
-use wdp_kubelet::dir::{self, DirEvent};
-use wdp_kubelet::register;
+use crate::api::device_plugin_server::DevicePluginServer;
+use crate::dir::{self, DirEvent};
+use crate::register;
 
 /// Why a served socket stopped being useful, or its registration did.
 enum Restart {
@@ -91,9 +92,9 @@ impl LossBackoff {
 }
 
 /// Serve, register, wait, and again after every kubelet restart, until cancelled.
-pub(super) async fn lifecycle(
+pub(super) async fn lifecycle<P: ResourcePlugin>(
     kubelet: Arc<PluginSockets>,
-    service: PluginService,
+    service: PluginService<P>,
     cancel: CancellationToken,
 ) {
     let resource = service.resource.clone();
@@ -135,7 +136,7 @@ pub(super) async fn lifecycle(
                 Registration::Done(dialed) => {
                     tracing::info!(resource = %resource.name, elapsed = ?started.elapsed(), "registered with kubelet");
                     let registered = Instant::now();
-                    service.status.registered(true);
+                    service.report.registered(true);
                     let restart = wait_for_restart(
                         &kubelet,
                         &service,
@@ -146,11 +147,11 @@ pub(super) async fn lifecycle(
                         before,
                     )
                     .await;
-                    service.status.registered(false);
+                    service.report.registered(false);
                     let Restart::StreamLost = restart else {
                         break restart;
                     };
-                    service.status.stream_lost();
+                    service.report.stream_lost();
                     let delay = backoff.next(registered.elapsed());
                     tracing::warn!(resource = %resource.name, ?delay, "kubelet's ListAndWatch stream ended while it kept running; registering again");
                     tokio::select! {
@@ -214,9 +215,9 @@ enum Registration {
 }
 
 /// Registers until it succeeds, our socket disappears, or the server is stopped.
-async fn register_until_done(
+async fn register_until_done<P: ResourcePlugin>(
     kubelet: &PluginSockets,
-    service: &PluginService,
+    service: &PluginService<P>,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
     inode: u64,
@@ -295,9 +296,9 @@ async fn register_until_done(
 
 /// After registering with the kubelet of `kubelet.sock` inode `dialed`: waits for kubelet to
 /// restart, for a stream opened after `before` to be lost, or for a stop.
-async fn wait_for_restart(
+async fn wait_for_restart<P: ResourcePlugin>(
     kubelet: &PluginSockets,
-    service: &PluginService,
+    service: &PluginService<P>,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
     inode: u64,
@@ -332,7 +333,7 @@ async fn wait_for_restart(
             }
             // kubelet went away: our registration went with it, until the next kubelet.
             Some(DirEvent::Removed(name)) if kubelet.is_socket(&name) => {
-                service.status.registered(false);
+                service.report.registered(false);
             }
             // A removal of our socket is re-checked by inode at the top of the loop.
             Some(_) => {}
@@ -346,7 +347,11 @@ async fn wait_for_restart(
 }
 
 /// Runs the gRPC server on `listener` until `stop`; streams end first so shutdown is prompt.
-async fn serve(listener: UnixListener, service: PluginService, stop: CancellationToken) {
+async fn serve<P: ResourcePlugin>(
+    listener: UnixListener,
+    service: PluginService<P>,
+    stop: CancellationToken,
+) {
     let service = PluginService {
         stop: stop.clone(),
         ..service

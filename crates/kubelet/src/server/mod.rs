@@ -1,0 +1,288 @@
+//! One kubelet device-plugin server per resource `<namespace>/<dev-type>`.
+//!
+//! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves, then
+//! registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to appear
+//! rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or our socket
+//! is deleted (kubelet's cleanup), it serves again and re-registers at once. When kubelet's
+//! ListAndWatch stream ends while both sides keep running (same socket, same `kubelet.sock`), it
+//! registers again at once, with a backoff if that keeps happening: kubelet has then marked every
+//! device unhealthy and stopped the endpoint, calls ListAndWatch on it never again, and drops the
+//! resource after 5 minutes (`endpointStopGracePeriod`); only a new registration replaces the
+//! endpoint. Stopping cancels the task, which ends every stream, removes the socket and leaves
+//! nothing behind, whatever state it was in.
+//!
+//! One concept per file: what a resource answers kubelet ([`ResourcePlugin`], `plugin.rs`), what a
+//! server reports about itself ([`ServerReport`], `report.rs`), the registration state machine
+//! (`lifecycle.rs`), the gRPC service (`service.rs`). A server knows nothing of what it serves: its
+//! owner (wdp's manager) implements both traits. The names a server derives (endpoint, socket path)
+//! are [`crate::names::Resource`]'s.
+//!
+//! Device updates never wait on kubelet: they replace the value in a `watch` channel, so a slow or
+//! absent consumer sees only the latest list, and each ListAndWatch stream is its own consumer.
+
+mod lifecycle;
+mod plugin;
+mod report;
+mod service;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::dir::PluginDir;
+use crate::names::Resource;
+
+use self::lifecycle::{Streams, lifecycle};
+pub use self::plugin::{ResourcePlugin, not_advertised};
+pub use self::report::ServerReport;
+use self::service::PluginService;
+
+/// The plugin directory, watched, and kubelet's registration socket in it: where every server of
+/// a host puts its socket and whom it registers with.
+pub struct PluginSockets {
+    /// The watched plugin directory (normally `/var/lib/kubelet/device-plugins`).
+    pub dir: PluginDir,
+    /// kubelet's registration socket (`kubelet.sock` in `dir`).
+    pub socket: PathBuf,
+}
+
+impl PluginSockets {
+    /// True when `name`, a file in the plugin directory, is kubelet's registration socket.
+    fn is_socket(&self, name: &str) -> bool {
+        self.socket.file_name().is_some_and(|n| n == name)
+    }
+}
+
+/// A running resource server, answering with `P`. Dropping it without [`ResourceServer::stop`]
+/// also stops it.
+pub struct ResourceServer<P: ResourcePlugin> {
+    resource: Resource,
+    plugin: Arc<P>,
+    devices: watch::Sender<Arc<P::Devices>>,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl<P: ResourcePlugin> Drop for ResourceServer<P> {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl<P: ResourcePlugin> ResourceServer<P> {
+    /// Starts serving `devices` as `resource` in `kubelet`'s plugin directory, answering calls
+    /// with `plugin` and reporting registration, lost streams and Allocate calls to `report`.
+    /// Must run inside a tokio runtime: the server is a task of its own.
+    pub fn start(
+        kubelet: Arc<PluginSockets>,
+        resource: Resource,
+        devices: Arc<P::Devices>,
+        plugin: P,
+        report: impl ServerReport,
+    ) -> Self {
+        let (tx, rx) = watch::channel(devices);
+        let cancel = CancellationToken::new();
+        let plugin = Arc::new(plugin);
+        let service = PluginService {
+            resource: Arc::new(resource.clone()),
+            devices: rx,
+            plugin: plugin.clone(),
+            stop: cancel.clone(),
+            report: Arc::new(report),
+            streams: Arc::new(Streams::default()),
+        };
+        let task = tokio::spawn(lifecycle(kubelet, service, cancel.clone()));
+        ResourceServer {
+            resource,
+            plugin,
+            devices: tx,
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    /// The resource served.
+    pub fn resource(&self) -> &Resource {
+        &self.resource
+    }
+
+    /// What the server answers with: its owner's state for this resource.
+    pub fn plugin(&self) -> &P {
+        &self.plugin
+    }
+
+    /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
+    pub fn update(&self, devices: Arc<P::Devices>) {
+        self.devices.send_replace(devices);
+    }
+
+    /// Stops serving: streams end, the socket is removed. Returns once all of that is done.
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::sync::mpsc;
+    use tonic::Status;
+
+    use super::*;
+    use crate::api;
+    use crate::standin::{Observed, StandIn};
+
+    /// A resource of plain ids: what a server needs of its owner, and nothing of wdp's.
+    struct Ids;
+
+    impl ResourcePlugin for Ids {
+        type Devices = Vec<String>;
+
+        fn options(&self) -> api::DevicePluginOptions {
+            api::DevicePluginOptions::default()
+        }
+
+        fn list(devices: &Vec<String>) -> Vec<api::Device> {
+            devices
+                .iter()
+                .map(|id| api::Device {
+                    id: id.clone(),
+                    health: "Healthy".into(),
+                    topology: None,
+                })
+                .collect()
+        }
+
+        async fn allocate(
+            &self,
+            devices: &Vec<String>,
+            requests: Vec<api::ContainerAllocateRequest>,
+        ) -> Result<api::AllocateResponse, Status> {
+            let mut container_responses = Vec::new();
+            for request in requests {
+                let mut response = api::ContainerAllocateResponse::default();
+                for id in request.devices_ids {
+                    if !devices.contains(&id) {
+                        return Err(Status::invalid_argument(format!("no device {id}")));
+                    }
+                    response.envs.insert("ID".into(), id);
+                }
+                container_responses.push(response);
+            }
+            Ok(api::AllocateResponse {
+                container_responses,
+            })
+        }
+
+        async fn preferred_allocation(
+            &self,
+            _: Vec<api::ContainerPreferredAllocationRequest>,
+        ) -> Result<api::PreferredAllocationResponse, Status> {
+            Err(not_advertised())
+        }
+
+        async fn pre_start(&self, _: Vec<String>) -> Result<(), Status> {
+            Err(not_advertised())
+        }
+    }
+
+    /// Every report, in order.
+    #[derive(Default)]
+    struct Reports {
+        registered: Mutex<Vec<bool>>,
+        allocated: Mutex<Vec<bool>>,
+    }
+
+    impl ServerReport for Arc<Reports> {
+        fn registered(&self, registered: bool) {
+            self.registered.lock().unwrap().push(registered);
+        }
+        fn stream_lost(&self) {}
+        fn allocated(&self, _: Duration, ok: bool) {
+            self.allocated.lock().unwrap().push(ok);
+        }
+    }
+
+    /// The next device list the stand-in saw for `resource`.
+    async fn next_list(
+        observed: &mut mpsc::UnboundedReceiver<Observed>,
+        resource: &str,
+    ) -> Vec<String> {
+        let wait = async {
+            loop {
+                match observed.recv().await {
+                    Some(Observed::Devices {
+                        resource: r,
+                        devices,
+                        ..
+                    }) if r == resource => break devices.into_iter().map(|d| d.id).collect(),
+                    Some(_) => {}
+                    None => panic!("the stand-in stopped"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .expect("a device list within 10 s")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_registers_lists_updates_and_answers_through_its_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("device-plugins");
+        let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+        let sockets = Arc::new(PluginSockets {
+            dir: PluginDir::watch(&plugins).unwrap(),
+            socket: plugins.join(crate::KUBELET_SOCKET_NAME),
+        });
+        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
+        let socket = resource.socket.clone();
+        let reports = Arc::new(Reports::default());
+        let server = ResourceServer::start(
+            sockets,
+            resource,
+            Arc::new(vec!["a".to_string()]),
+            Ids,
+            reports.clone(),
+        );
+
+        assert_eq!(next_list(&mut observed, "example.com/ids").await, ["a"]);
+        // kubelet may open its stream before the server has read Register's answer.
+        for _ in 0..100 {
+            if !reports.registered.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(*reports.registered.lock().unwrap(), [true]);
+        server.update(Arc::new(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            next_list(&mut observed, "example.com/ids").await,
+            ["a", "b"]
+        );
+
+        // Allocate reaches the plugin with the list as it is now; its refusal is kubelet's error.
+        let answer = kubelet.allocate("example.com/ids", &["b"]).await.unwrap();
+        assert_eq!(answer.container_responses[0].envs["ID"], "b");
+        let refused = kubelet
+            .allocate("example.com/ids", &["z"])
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert_eq!(*reports.allocated.lock().unwrap(), [true, false]);
+
+        assert!(socket.exists());
+        server.stop().await;
+        assert!(!socket.exists(), "stopping removes the socket");
+        assert_eq!(*reports.registered.lock().unwrap(), [true, false]);
+        kubelet.stop().await;
+    }
+}
