@@ -7,13 +7,48 @@ use wdp::bindings::types as wit;
 
 pub use wdp_tests::fixture::Fixture;
 
-/// A fixture whose dev root is a tmpfs, as a node's `/dev` is (devtmpfs). On the disk file system
-/// of the temp directory (ext4 here) listing and stat-ing 10,000 nodes costs several times more
-/// (its directory index and inode reads were the top of the 10,000-device profile), which would
-/// measure the disk, not wdp. Falls back to the temp directory, saying so, where mounting fails.
+/// A tmpfs mounted on a directory while this lives, as a node's `/dev` (devtmpfs) and `/run`
+/// (where `/var/run/cdi` lives) are: on the disk file system of the temp directory (ext4 here)
+/// listing 10,000 nodes or fsyncing a CDI spec costs several times more, which would measure the
+/// disk, not wdp. Nothing is mounted, and the run says so, where this process may not mount.
+pub struct Tmpfs(Option<PathBuf>);
+
+impl Tmpfs {
+    /// Mounts a fresh tmpfs on `dir` (created if missing); `what` names what stays on disk if
+    /// mounting fails.
+    pub fn mount(dir: &Path, what: &str) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=755", "wdp-bench"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!(
+                "wdp-bench: cannot mount a tmpfs on {}; {what} stay on the temp directory's file system",
+                dir.display()
+            );
+        }
+        Ok(Tmpfs(mounted.then(|| dir.to_path_buf())))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(dir)
+                .status();
+        }
+    }
+}
+
+/// A fixture whose dev root is a [`Tmpfs`]: its listing and stat costs are a node's, not ext4's
+/// (its directory index and inode reads were the top of the 10,000-device profile).
 pub struct BenchFixture {
-    /// The mounted dev root, unmounted first on drop (before the fixture removes its files).
-    tmpfs: Option<PathBuf>,
+    /// Declared first: unmounted on drop before the fixture removes its files.
+    _tmpfs: Option<Tmpfs>,
     fixture: Fixture,
 }
 
@@ -21,20 +56,9 @@ impl BenchFixture {
     /// A new fixture, its dev root on a fresh tmpfs when this process may mount one.
     pub fn new() -> Self {
         let fixture = Fixture::new();
-        let dev = fixture.dev();
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "mode=755", "wdp-bench-dev"])
-            .arg(&dev)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !mounted {
-            eprintln!(
-                "wdp-bench: cannot mount a tmpfs on {}; device nodes stay on the temp directory's file system",
-                dev.display()
-            );
-        }
+        let tmpfs = Tmpfs::mount(&fixture.dev(), "device nodes").ok();
         BenchFixture {
-            tmpfs: mounted.then_some(dev),
+            _tmpfs: tmpfs,
             fixture,
         }
     }
@@ -50,17 +74,6 @@ impl std::ops::Deref for BenchFixture {
     type Target = Fixture;
     fn deref(&self) -> &Fixture {
         &self.fixture
-    }
-}
-
-impl Drop for BenchFixture {
-    fn drop(&mut self) {
-        if let Some(dev) = &self.tmpfs {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(dev)
-                .status();
-        }
     }
 }
 

@@ -93,6 +93,14 @@ pub fn wdp_run_to_exit(f: &fixture::Fixture, config: &std::path::Path) -> Output
     ])
 }
 
+/// Replaces the config file `path` as editors and kubelet's ConfigMap updates do: a temporary
+/// file renamed over it, so a reload never reads half a file (a plain write truncates first).
+pub fn write_renamed(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// Parses one JSON document per non-empty line of `stdout`.
 pub fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(stdout)

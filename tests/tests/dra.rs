@@ -25,6 +25,7 @@ use wdp_dra::proto::health_v1::HealthStatus;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
+use wdp_tests::write_renamed;
 use wdp_tests::{eventually, eventually_within, guest};
 
 const DRIVER: &str = "devices.example.com";
@@ -431,15 +432,14 @@ async fn reload_adds_and_removes_dra_scanners() {
     let reg_socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
 
     // Without its cdi: refused, the driver stays.
-    std::fs::write(
+    write_renamed(
         &config,
-        full.replacen(
+        &full.replacen(
             &format!("    cdi: {{ dir: {} }}\n", f.path().join("cdi").display()),
             "",
             1,
         ),
-    )
-    .unwrap();
+    );
     let log = host.logged("config reload refused", 1).await;
     assert!(
         log.contains("scanners[0].cdi: is required with frontend: dra"),
@@ -449,7 +449,7 @@ async fn reload_adds_and_removes_dra_scanners() {
 
     // The DRA scanner removed: its sockets go, the other scanner is untouched.
     let (_, net) = full.split_once("  - name: net").unwrap();
-    std::fs::write(&config, format!("scanners:\n  - name: net{net}")).unwrap();
+    write_renamed(&config, &format!("scanners:\n  - name: net{net}"));
     host.logged("removed [kvm]", 1).await;
     eventually("the DRA sockets removed", || async {
         (!reg_socket.exists() && !dirs.plugins.join(DRIVER).join("dra.sock").exists()).then_some(())
@@ -470,7 +470,7 @@ async fn reload_adds_and_removes_dra_scanners() {
     .await;
 
     // Added back: registered again, slices published.
-    std::fs::write(&config, &full).unwrap();
+    write_renamed(&config, &full);
     eventually("registered again", || async {
         (kubelet.registrations(DRIVER) >= 2).then_some(())
     })

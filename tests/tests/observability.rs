@@ -10,6 +10,7 @@ use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
+use wdp_tests::write_renamed;
 use wdp_tests::{eventually, guest};
 
 /// `wdp run` over the fixture with its HTTP endpoint on a free port; returns the host and the
@@ -609,13 +610,6 @@ async fn readme_metrics_table_matches_what_the_host_exports() {
         "README.md's metrics table differs from what the host exports; it should read:\n{}",
         table(&exported)
     );
-}
-
-/// Replaces `path` as editors do: a temporary file renamed over it, so no reload reads half.
-fn write_renamed(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,7 @@ use std::path::Path;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
 use wdp_tests::host::{Seen, serve, sockets};
+use wdp_tests::write_renamed;
 
 /// Scanner `a`'s resource: /dev/video* through `generic`.
 const A: &str = "a.example.com/video";
@@ -63,13 +64,6 @@ fn fixture() -> Fixture {
         .char_dev("ttyACM0", 166, 0)
         .char_dev("sensor0", 240, 0);
     f
-}
-
-/// Replaces `path` as editors do: a temporary file renamed over it.
-fn write_renamed(path: &Path, text: &str) {
-    let tmp = path.with_file_name(".wdp.yaml.tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// What identifies one socket file: a socket bound again is a new inode, and even if the

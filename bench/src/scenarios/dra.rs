@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use wdp_bench::fixtures::{BenchFixture, generic_devices, scanner_yaml};
+use wdp_bench::fixtures::{BenchFixture, Tmpfs, generic_devices, scanner_yaml};
 use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim};
 use wdp_dra::kubelet::KubeletStandIn;
 use wdp_dra::plugin::ClaimRef;
@@ -29,38 +29,6 @@ use crate::report::{Report, Row};
 const DRIVER: &str = "bench.wdp.dev";
 /// The node, and so the pool.
 const NODE: &str = "bench-node";
-
-/// A tmpfs mounted on a directory while this lives (nothing when this process may not mount).
-struct Tmpfs(Option<std::path::PathBuf>);
-
-impl Tmpfs {
-    fn mount(dir: &std::path::Path) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "mode=755", "wdp-bench-cdi"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !mounted {
-            eprintln!(
-                "wdp-bench: cannot mount a tmpfs on {}; CDI specs stay on disk (fsync included)",
-                dir.display()
-            );
-        }
-        Ok(Tmpfs(mounted.then(|| dir.to_path_buf())))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(dir)
-                .status();
-        }
-    }
-}
 
 /// The raw ids (the `id` attribute: `ttyUSB0` is no DNS label, so not the name) of the devices
 /// the API server's slices of the driver hold, sorted.
@@ -101,7 +69,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     f.char_dev("ttyUSB0", 188, 0);
     let api = ApiServerStandIn::start().await?;
     let cdi = f.path().join("cdi");
-    let _cdi_tmpfs = Tmpfs::mount(&cdi)?;
+    let _cdi_tmpfs = Tmpfs::mount(&cdi, "CDI specs (fsync included)")?;
     let kubelet_dir = f.path().join("kubelet");
     let registry = kubelet_dir.join("plugins_registry");
     std::fs::create_dir_all(&registry)?;

@@ -65,7 +65,8 @@ fn basename(p: &str) -> &str {
 
 /// The devices of a group's `paths` (before `count`), as (id, info).
 fn path_devices(group: &Group, fs: &impl HostFs) -> Vec<(String, DeviceInfo)> {
-    // per path: its matches repeated `limit` times, or None for an optional path without matches
+    // per path: its matches (device `i` takes match `i` modulo their number, which is what
+    // repeating them `limit` times gives), or None for an optional path without matches
     let mut per_path: Vec<Option<Vec<String>>> = Vec::with_capacity(group.paths.len());
     let mut length = 0usize;
     let mut limit_length = usize::MAX;
@@ -75,34 +76,50 @@ fn path_devices(group: &Group, fs: &impl HostFs) -> Vec<(String, DeviceInfo)> {
             per_path.push(None);
             continue;
         }
-        let repeated: Vec<String> = (0..p.limit).flat_map(|_| matches.iter().cloned()).collect();
-        limit_length = limit_length.min(repeated.len());
+        limit_length = limit_length.min(matches.len().saturating_mul(p.limit as usize));
         length = length.max(matches.len());
-        per_path.push(Some(repeated));
+        per_path.push(Some(matches));
     }
     let length = length.min(limit_length);
-    (0..length)
-        .map(|i| {
-            let mut info = DeviceInfo::new();
-            let mut ids = Vec::new();
-            for (spec, matches) in group.paths.iter().zip(&per_path) {
-                let Some(matches) = matches else { continue };
-                let host = &matches[i];
-                let mut container = spec.mount_path.clone().unwrap_or_else(|| host.clone());
-                if container.ends_with('/') {
-                    container.push_str(basename(host));
-                }
-                info = match spec.kind {
-                    PathType::Device => {
-                        info.node(host.clone(), container, spec.permissions.clone())
-                    }
-                    PathType::Mount => info.mount(host.clone(), container, spec.read_only),
-                };
-                ids.push(id_from_path(host));
+    let mut devices = Vec::with_capacity(length);
+    for i in 0..length {
+        let mut info = DeviceInfo::new();
+        // the matches' ids joined with `+`, built in place (one path: its id as it is)
+        let mut id = String::new();
+        for (spec, matches) in group.paths.iter().zip(per_path.iter_mut()) {
+            let Some(matches) = matches else { continue };
+            let n = matches.len();
+            // i < length <= n * limit, so there are matches
+            let j = i % n;
+            let mut container = spec
+                .mount_path
+                .clone()
+                .unwrap_or_else(|| matches[j].clone());
+            if container.ends_with('/') {
+                container.push_str(basename(&matches[j]));
             }
-            (ids.join("+"), info)
-        })
-        .collect()
+            let part = id_from_path(&matches[j]);
+            if id.is_empty() {
+                id = part;
+            } else {
+                id.push('+');
+                id.push_str(&part);
+            }
+            // The last device to use match j takes it, the ones before copy it: with `limit` 1
+            // every match goes into the tree without a copy.
+            let host = if i + n >= length {
+                std::mem::take(&mut matches[j])
+            } else {
+                matches[j].clone()
+            };
+            info = match spec.kind {
+                PathType::Device => info.node(host, container, spec.permissions.clone()),
+                PathType::Mount => info.mount(host, container, spec.read_only),
+            };
+        }
+        devices.push((id, info));
+    }
+    devices
 }
 
 /// The one device of a group's `usb` specs (before `count`), if any attached device matches.

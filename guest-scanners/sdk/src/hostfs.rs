@@ -252,6 +252,11 @@ impl Host {
 
 impl DirSource for Host {
     fn list(&self, dir: &str) -> Result<Vec<Node>, String> {
+        // A /dev listing without link targets is devfs's own: the host reads no link per
+        // entry and lowers no target field, where a glob over /dev would drop them unread.
+        if in_dev(dir) {
+            return Devfs.list(dir);
+        }
         Ok(Host::listing(dir)?.into_iter().map(|(n, _)| n).collect())
     }
     fn stat(&self, path: &str) -> Result<Node, String> {

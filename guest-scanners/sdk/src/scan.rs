@@ -64,14 +64,15 @@ impl ChangeFilter {
         Self::default()
     }
 
-    /// True (and remembers `tree`) when nothing was notified yet or `tree` differs from the last
-    /// tree notified; false when it is the same.
-    pub fn should_notify(&mut self, tree: &DeviceTree) -> bool {
-        if self.last.as_ref() == Some(tree) {
-            return false;
+    /// The tree to notify: `tree` itself (now remembered) when nothing was notified yet or it
+    /// differs from the last tree notified; None when it is the same. Takes the tree rather than
+    /// a reference so that remembering it moves it, where a copy would duplicate every string
+    /// of a large tree after each changed scan.
+    pub fn offer(&mut self, tree: DeviceTree) -> Option<&DeviceTree> {
+        if self.last.as_ref() == Some(&tree) {
+            return None;
         }
-        self.last = Some(tree.clone());
-        true
+        Some(self.last.insert(tree))
     }
 }
 
@@ -85,9 +86,8 @@ pub fn run_with(
 ) -> Result<(), String> {
     let mut filter = ChangeFilter::new();
     loop {
-        let tree = scan()?;
-        if filter.should_notify(&tree) {
-            notify(&tree);
+        if let Some(tree) = filter.offer(scan()?) {
+            notify(tree);
         }
         if !wait() {
             return Ok(());
@@ -131,15 +131,16 @@ mod tests {
     #[test]
     fn filter_notifies_first_and_changes_only() {
         let mut f = ChangeFilter::new();
-        assert!(
-            f.should_notify(&vec![]),
+        assert_eq!(
+            f.offer(vec![]),
+            Some(&vec![]),
             "the first tree, even empty, is notified"
         );
-        assert!(!f.should_notify(&vec![]));
-        assert!(f.should_notify(&tree(&["a"])));
-        assert!(!f.should_notify(&tree(&["a"])));
-        assert!(f.should_notify(&tree(&["a", "b"])));
-        assert!(f.should_notify(&tree(&["a"])));
+        assert_eq!(f.offer(vec![]), None);
+        assert_eq!(f.offer(tree(&["a"])), Some(&tree(&["a"])));
+        assert_eq!(f.offer(tree(&["a"])), None);
+        assert_eq!(f.offer(tree(&["a", "b"])), Some(&tree(&["a", "b"])));
+        assert_eq!(f.offer(tree(&["a"])), Some(&tree(&["a"])));
     }
 
     #[test]
