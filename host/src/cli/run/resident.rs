@@ -8,11 +8,13 @@
 //! what the blocking pool's threads freed in their arenas. An idle host with the 12 bundled
 //! scanners held 19 of its 31 MiB as the binary's pages that way (bench/NOTES.md).
 //!
-//! [`release`] returns both: the heap's free pages (`malloc_trim`), and every page of a
-//! read-only, private file mapping that holds nothing but the file's own bytes. Such a page is
-//! only a view of the page cache: dropping it from the process discards nothing, and the next
-//! access maps the same bytes again (a minor fault, no I/O while the kernel keeps the file
-//! cached). What the host goes on running comes back; what only start-up ran does not.
+//! [`release`] returns both: the heap's free pages (`malloc_trim`), and the pages of every
+//! read-only, private file mapping that holds nothing but the file's own bytes, which it asks the
+//! kernel to reclaim (`MADV_PAGEOUT`). Such a page is only the page cache's: reclaiming it
+//! discards nothing, and the next access reads the same bytes again. What the host goes on
+//! running comes back; what only start-up ran does not, neither in the process's resident memory
+//! nor in the page cache its memory cgroup is charged for. Pages other processes map too are
+//! left where they are.
 
 use std::time::Duration;
 
@@ -24,14 +26,15 @@ pub const AFTER: Duration = Duration::from_secs(2);
 /// What [`release`] handed back.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Released {
-    /// File mappings whose pages were dropped.
+    /// File mappings whose pages the kernel was asked to reclaim.
     pub mappings: usize,
     /// Their resident KiB before.
     pub kib: u64,
 }
 
-/// Hands the heap's free pages and the clean pages of read-only file mappings back to the kernel.
-/// Best effort: a host that cannot read its own smaps only keeps its pages.
+/// Hands the heap's free pages back and has the kernel reclaim the clean pages of read-only file
+/// mappings. Best effort: a host that cannot read its own smaps, or a kernel without
+/// `MADV_PAGEOUT` (before 5.4), only keeps its pages.
 pub fn release() -> Released {
     trim_heap();
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
@@ -39,22 +42,29 @@ pub fn release() -> Released {
     };
     let mut released = Released::default();
     for region in droppable(&smaps) {
-        // SAFETY: the range is one whole mapping that smaps lists as private, not writable and
-        // backed by a file that still exists, holding no anonymous (copy-on-write) page. Dropping
-        // such pages changes no byte the process can read: each is faulted back from the file,
-        // which is what it showed. Nothing can write to it in between: it is not writable, and
-        // the process makes no mapping writable again (wasmtime publishes compiled code once).
+        // SAFETY: MADV_PAGEOUT changes no byte of any mapping: the kernel writes a page out (or
+        // drops it, when the file holds it already) and reads it back on the next access, and
+        // leaves what it cannot reclaim where it is. So the range may be stale (unmapped since
+        // smaps was read, or mapped again as anything, heap or linear memory): it costs at worst
+        // a fault, never data. The call only takes an address range; no memory is accessed here.
         let rc = unsafe {
             libc::madvise(
                 region.start as *mut libc::c_void,
                 region.len,
-                libc::MADV_DONTNEED,
+                libc::MADV_PAGEOUT,
             )
         };
-        if rc == 0 {
-            released.mappings += 1;
-            released.kib += region.rss_kib;
+        if rc != 0 {
+            // EINVAL: a kernel without MADV_PAGEOUT, and nothing else is tried (only reclaim is
+            // harmless on a range that may no longer be what smaps said). ENOMEM: the range was
+            // unmapped since.
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            continue;
         }
+        released.mappings += 1;
+        released.kib += region.rss_kib;
     }
     released
 }
@@ -71,7 +81,7 @@ fn trim_heap() {
     }
 }
 
-/// One mapping whose resident pages may be dropped.
+/// One mapping whose resident pages may be reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Region {
     start: usize,
@@ -171,6 +181,8 @@ mod tests {
         for i in 0..PAGES {
             file.write_all(&vec![i as u8; page()]).unwrap();
         }
+        // Clean pages, as the binary's and the compile cache's are: reclaim needs no writeback.
+        file.sync_all().unwrap();
         let file = std::fs::File::open(dir.path().join(name)).unwrap();
         // SAFETY: a fresh mapping of a file this test owns; unmapped by the test.
         let ptr = unsafe {
@@ -210,7 +222,7 @@ mod tests {
     }
 
     #[test]
-    fn drops_clean_file_pages_and_keeps_their_bytes() {
+    fn reclaims_clean_file_pages_and_keeps_their_bytes() {
         let _one = RELEASING.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let (ptr, len) = map_file(&dir, "clean", libc::PROT_READ);
@@ -219,7 +231,7 @@ mod tests {
         assert_eq!(before as usize, len / 1024, "every page was touched");
         let released = release();
         assert!(released.kib >= before, "{released:?}");
-        assert_eq!(rss_of(ptr), 0, "its pages were dropped");
+        assert_eq!(rss_of(ptr), 0, "its pages were reclaimed");
         assert_eq!(touch(ptr, len), sum, "the same bytes come back");
         assert_eq!(rss_of(ptr) as usize, len / 1024);
         // SAFETY: the test's own mapping.
