@@ -142,6 +142,9 @@ demo: rust-guests wdp
 ## a peer built on k8s-device-plugin-lib beside wdp) and the criterion micro-benchmarks; writes
 ## bench/RESULTS.md. Runs as root (fixture device nodes are made with mknod). Builds with the `perf` profile (release without LTO: see
 ## bench/NOTES.md); the guests are built by the host build (tests/build.rs), in its parallelism.
+## The idle row measures the shipped build, target/release/wdp, when it is built from the current
+## sources (`make image` builds it; `make bench` does not: 15-20 minutes of thin LTO on two cores,
+## more than the whole run), and says which build it measured.
 ## BENCH_ARGS=--quick for a smoke run, BENCH_ARGS="--only hotplug,poll" for rows.
 BENCH_ARGS ?=
 # The peer of the `peer` rows: a plugin on crates.io's k8s-device-plugin-lib 0.2.0, in a workspace

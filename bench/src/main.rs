@@ -1,7 +1,8 @@
 //! `wdp-bench`: the end-to-end half of `make bench`.
 //!
 //! Runs every row of the results table against the real thing: `wdp run` as a child process
-//! (the binary next to this one, built with the same profile), the kubelet stand-in over real
+//! (the binary next to this one, built with the same profile; the idle row prefers the shipped
+//! `release` build when it is current), the kubelet stand-in over real
 //! Unix sockets with a real gRPC client, fixture dev roots made of real character devices (mknod:
 //! run as root). Prints each figure as it is measured and writes `RESULTS.md` with the machine,
 //! the date, the numbers, the criterion micro-benchmarks (read from criterion's JSON output) and
@@ -9,7 +10,7 @@
 //!
 //! ```text
 //! wdp-bench [--out FILE] [--criterion DIR] [--notes FILE] [--profile NAME] [--wdp BIN]
-//!           [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
+//!           [--idle-wdp BIN] [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
 //! Rows: hotplug, poll, newtype, allocate, dra, restart, streamcut, startup, idle, bulk, wasm, peer, and
@@ -21,7 +22,7 @@ mod e2e;
 mod report;
 mod scenarios;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -67,6 +68,11 @@ struct Args {
     /// The `wdp` binary to measure [default: the one beside this binary].
     #[arg(long, value_name = "BIN")]
     wdp: Option<PathBuf>,
+
+    /// The `wdp` binary the idle row measures [default: the shipped build, target/release/wdp,
+    /// when it is built from the current sources; else the one the other rows measure].
+    #[arg(long, value_name = "BIN")]
+    idle_wdp: Option<PathBuf>,
 
     /// Where the guest components are [default: target/guests/wasm32-wasip2/release].
     #[arg(long, value_name = "DIR")]
@@ -162,9 +168,18 @@ async fn main() -> Result<()> {
     // matter to a target (Allocate, restart, start-up, 10,000 devices, wasm) run after, alone.
     let (idling, idle_started) = tokio::sync::oneshot::channel();
     let idle = args.runs("idle").then(|| {
-        let ctx = ctx.clone();
-        let window = sizes.idle;
-        tokio::spawn(async move { idle::run(&ctx, window, idling).await })
+        let build = idle_build(&args, &ctx.wdp);
+        println!(
+            "wdp-bench: idle row measures {} ({})",
+            build.1.display(),
+            build.0
+        );
+        let ctx = Ctx {
+            wdp: build.1,
+            ..ctx.clone()
+        };
+        let (window, build) = (sizes.idle, build.0);
+        tokio::spawn(async move { idle::run(&ctx, &build, window, idling).await })
     });
     // An error only means there is no idle row to wait for (or it failed: its task says why).
     let _ = idle_started.await;
@@ -227,6 +242,43 @@ async fn main() -> Result<()> {
         out.display()
     );
     Ok(())
+}
+
+/// The binary the idle row measures and how its row names the build: `--idle-wdp`, else the
+/// shipped `release` build when it is current (the image's; `make bench` does not build it: 15-20
+/// minutes of thin LTO here, more than the whole run), else `other` (the other rows' binary).
+fn idle_build(args: &Args, other: &Path) -> (String, PathBuf) {
+    if let Some(bin) = &args.idle_wdp {
+        return (format!("given: {}", bin.display()), bin.clone());
+    }
+    let release = fixtures::repo_root().join("target/release/wdp");
+    match built_from_current_sources(&release) {
+        Ok(true) => ("the `release` build".into(), release),
+        Ok(false) => (
+            format!(
+                "the `{}` build; target/release/wdp is older than its sources",
+                args.profile
+            ),
+            other.to_path_buf(),
+        ),
+        Err(_) => (
+            format!("the `{}` build; no target/release/wdp", args.profile),
+            other.to_path_buf(),
+        ),
+    }
+}
+
+/// Whether `bin` is newer than every source cargo's dep-info file beside it lists (an error when
+/// it is missing).
+fn built_from_current_sources(bin: &Path) -> std::io::Result<bool> {
+    let built = std::fs::metadata(bin)?.modified()?;
+    let deps = std::fs::read_to_string(bin.with_extension("d"))?;
+    let sources = deps.split_once(": ").map(|(_, d)| d).unwrap_or_default();
+    Ok(sources.split_whitespace().all(|source| {
+        std::fs::metadata(source)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t <= built)
+    }))
 }
 
 /// The `wdp` built with this binary (same profile directory).

@@ -31,6 +31,68 @@ pub fn memory(pid: u32) -> std::io::Result<Memory> {
     })
 }
 
+/// One mapping of `/proc/<pid>/smaps`, sizes in KiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// Its first address.
+    pub start: u64,
+    /// Its length, in KiB.
+    pub size: u64,
+    /// `rwxp` or `rwxs`, `-` for what is not allowed.
+    pub perms: String,
+    /// The file mapped, a pseudo-path (`[heap]`, `[stack]`, ...), or empty for anonymous memory.
+    pub path: String,
+    /// What of it is resident.
+    pub rss: u64,
+    /// What of that is anonymous (not the file's pages: written copies, or anonymous memory).
+    pub anonymous: u64,
+}
+
+impl Mapping {
+    /// Just past its last address.
+    pub fn end(&self) -> u64 {
+        self.start + self.size * 1024
+    }
+}
+
+/// Every mapping of `pid`, in address order.
+pub fn smaps(pid: u32) -> std::io::Result<Vec<Mapping>> {
+    Ok(parse_smaps(&std::fs::read_to_string(format!(
+        "/proc/{pid}/smaps"
+    ))?))
+}
+
+/// The mappings of an smaps text.
+pub fn parse_smaps(text: &str) -> Vec<Mapping> {
+    let mut out: Vec<Mapping> = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(6, ' ');
+        let range = parts.next().unwrap_or_default();
+        if let Some((start, end)) = range.split_once('-')
+            && let (Ok(start), Ok(end)) =
+                (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+        {
+            let perms = parts.next().unwrap_or_default().to_string();
+            let path = parts.nth(3).unwrap_or_default().trim().to_string();
+            out.push(Mapping {
+                start,
+                size: end.saturating_sub(start) / 1024,
+                perms,
+                path,
+                rss: 0,
+                anonymous: 0,
+            });
+        } else if let Some(m) = out.last_mut() {
+            match line.split_once(':') {
+                Some(("Rss", _)) => m.rss = status_field(line, "Rss"),
+                Some(("Anonymous", _)) => m.anonymous = status_field(line, "Anonymous"),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 /// Context switches (voluntary + involuntary) of each thread of `pid`, by thread id. Compare two
 /// snapshots thread by thread: a thread that exits takes its count with it.
 pub fn thread_switches(pid: u32) -> std::io::Result<std::collections::HashMap<u32, u64>> {

@@ -31,6 +31,7 @@ mod observability;
 mod oci;
 mod proto;
 mod reload;
+mod resident;
 mod sandbox;
 mod scan_cli;
 mod snapshot;

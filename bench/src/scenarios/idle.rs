@@ -5,21 +5,24 @@
 //! It returns its rows rather than pushing them to the report: it runs in a task of its own beside
 //! other rows (`main` says which), and the report stays with the main task.
 
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, ensure};
 use tokio::sync::oneshot;
 use wdp_bench::fixtures::{self, demo_fixture, demo_resources, scanner_yaml, write_config};
+use wdp_bench::procfs::Mapping;
 
 use super::shared::{Ctx, expect, expect_quiet, guest, ms};
 use crate::e2e::{self, kubelet};
 use crate::report::Row;
 
-/// Every bundled Rust scanner, one `wdp run`, idle: resident memory and wake-ups, over `window`
-/// from the moment every resource is listed. `idling` is told then: from there on this row only
-/// watches (the driver runs other rows beside it).
+/// Every bundled Rust scanner, one `wdp run` of `ctx.wdp` (`build` names it), idle: resident
+/// memory and wake-ups, over `window` from the moment every resource is listed. `idling` is told
+/// then: from there on this row only watches (the driver runs other rows beside it).
 pub async fn run(
     ctx: &Ctx,
+    build: &str,
     window: Duration,
     idling: oneshot::Sender<()>,
 ) -> Result<(Vec<Row>, Vec<(String, String)>)> {
@@ -58,14 +61,15 @@ pub async fn run(
     let config = write_config(&f, &entries);
     let (_kubelet, mut obs) = kubelet(&f.plugin_dir())?;
     // A first start compiles the ten scanners no earlier row used: its memory includes the
-    // compiler's. Measured, then the host is restarted from the warm cache, as on any restart.
+    // compiler's (its peak, VmHWM, is while compiling). Measured as long after its start as the
+    // warm one is, then the host is restarted from the warm cache, as on any restart.
     let cold = {
         let host = ctx.start(&f, &config)?;
         expect(&mut obs, &host, "demo resources", ms(120_000), |o| {
             o.all_streaming(&resources)
         })
         .await?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(SETTLE).await;
         let mem = wdp_bench::procfs::memory(host.pid())?;
         host.stop().await?;
         expect_quiet(&mut obs, &resources).await;
@@ -94,8 +98,11 @@ pub async fn run(
     let begin = Instant::now();
     let begin_wall = SystemTime::now();
     let mut second = 0u64;
-    // Memory and CPU from the end of the start-up's aftermath (see SETTLE) on.
+    // Memory and CPU from the end of the start-up's aftermath (see SETTLE) on, and the highest
+    // resident memory from there to the end (the host hands back what its start-up made resident;
+    // its rescans map again what they run).
     let mut settled = None;
+    let mut highest = (0u64, 0u64); // (VmRSS KiB, second)
     while begin.elapsed() < window {
         second += 1;
         tokio::time::sleep_until((begin + Duration::from_secs(second)).into()).await;
@@ -103,7 +110,14 @@ pub async fn run(
             settled = Some((
                 wdp_bench::procfs::memory(pid)?,
                 wdp_bench::procfs::cpu_ticks(pid)?,
+                wdp_bench::procfs::smaps(pid)?,
             ));
+        }
+        if second >= SETTLE.as_secs() {
+            let rss = wdp_bench::procfs::memory(pid)?.vm_rss;
+            if rss > highest.0 {
+                highest = (rss, second);
+            }
         }
         let now = wdp_bench::procfs::thread_switches(pid)?;
         let woke: u64 = now
@@ -118,8 +132,9 @@ pub async fn run(
     }
     let cpu1 = wdp_bench::procfs::cpu_ticks(pid)?;
     let mem_end = wdp_bench::procfs::memory(pid)?;
+    let maps_end = wdp_bench::procfs::smaps(pid)?;
     let settle = SETTLE.as_secs();
-    let (mem, cpu0) = settled.with_context(|| {
+    let (mem, cpu0, maps) = settled.with_context(|| {
         format!(
             "the idle window ({window:?}) is shorter than the start-up's aftermath ({settle} s)"
         )
@@ -171,18 +186,22 @@ pub async fn run(
     let shortest_gap = episodes.windows(2).map(|w| w[1] - w[0]).min();
     let met = shortest_gap.is_none_or(|g| g >= 25);
     let rss_mib = mem.vm_rss as f64 / 1024.0;
+    let highest_mib = highest.0 as f64 / 1024.0;
     let rows = vec![
         Row::value(
             &format!("resident memory, idle, {scanners} Rust scanners loaded"),
             "<= 20 MiB",
-            format!("{rss_mib:.1} MiB"),
-            format!("{:.1} MiB at the end", mem_end.vm_rss as f64 / 1024.0),
-            Some(rss_mib <= 20.0),
+            format!("{highest_mib:.1} MiB"),
+            format!("{rss_mib:.1} MiB at {settle} s"),
+            Some(highest_mib <= 20.0),
             &format!(
-                "VmRSS of a start from the warm compile cache, {settle} s idle: anon {} KiB, file (binary text and data) {} KiB; {} threads. First start (compiling): {:.1} MiB",
+                "{build}, started from the warm compile cache: the highest VmRSS from {settle} s of idling to {secs} s (at {} s; the safety rescans map again what they run), {rss_mib:.1} MiB at {settle} s (anon {} KiB, file {} KiB; {} threads), {:.1} MiB at the end; where: the section Idle memory. First start (compiling): peak {:.1} MiB, {:.1} MiB at {settle} s",
+                highest.1,
                 mem.rss_anon,
                 mem.rss_file,
                 mem.threads,
+                mem_end.vm_rss as f64 / 1024.0,
+                cold.vm_hwm as f64 / 1024.0,
                 cold.vm_rss as f64 / 1024.0
             ),
         ),
@@ -221,17 +240,35 @@ pub async fn run(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let details = vec![(
-        "Idle timeline".into(),
-        format!(
-            "Wake-ups (voluntary + involuntary context switches, summed over threads) of the idle \
+    let wdp = std::fs::canonicalize(&ctx.wdp).unwrap_or_else(|_| ctx.wdp.clone());
+    let cache = std::fs::canonicalize(&ctx.cache).unwrap_or_else(|_| ctx.cache.clone());
+    let details = vec![
+        (
+            "Idle memory".into(),
+            format!(
+                "Where the idle row's {:.1} MiB are ({build}, `/proc/<pid>/smaps` {settle} s after \
+                 every resource was listed), and the {:.1} MiB at the end of the window (after its \
+                 safety rescans: what they run is mapped again; KiB resident):\n\n{}",
+                rss_mib,
+                mem_end.vm_rss as f64 / 1024.0,
+                breakdown_table(
+                    &breakdown(&maps, &wdp, &cache),
+                    &breakdown(&maps_end, &wdp, &cache)
+                )
+            ),
+        ),
+        (
+            "Idle timeline".into(),
+            format!(
+                "Wake-ups (voluntary + involuntary context switches, summed over threads) of the idle \
              host, per second after all resources were listed (second: count): {tl}.\n\nThe first \
              {settle} s are the start-up's own episode (scanners entering wait-for-change, then \
              tokio's blocking-pool threads exiting after their 10 s keep-alive) and are not \
              counted. Episodes after it not explained by a kernel uevent start at seconds \
              {episodes:?}; kernel uevents at seconds {uevents:?}.\n"
+            ),
         ),
-    )];
+    ];
     for r in &rows {
         r.print();
     }
@@ -240,3 +277,134 @@ pub async fn run(
 
 /// The start-up's aftermath, set aside: longer than tokio's 10 s blocking-thread keep-alive.
 const SETTLE: Duration = Duration::from_secs(12);
+
+/// What one kind of mapping holds: its resident KiB (of which anonymous), how many mappings, and
+/// for the compiled components each file's resident KiB.
+#[derive(Debug, Default)]
+struct Part {
+    rss: u64,
+    anonymous: u64,
+    mappings: usize,
+    each: Vec<(String, u64)>,
+}
+
+/// The idle host's mappings by what they hold, in a fixed order (empty parts included):
+/// `binary` is the `wdp` measured and `cache` the compile cache, both canonical.
+fn breakdown(maps: &[Mapping], binary: &Path, cache: &Path) -> Vec<(&'static str, Part)> {
+    const GIB: u64 = 1 << 20; // in KiB
+    let names = [
+        "wdp's binary: code",
+        "wdp's binary: read-only data",
+        "wdp's binary: relocated and writable data",
+        "compiled components (code and metadata mapped from the compile cache)",
+        "shared libraries",
+        "heap (brk)",
+        "malloc arenas of other threads",
+        "wasm linear memories (data segments mapped from the compile cache included)",
+        "stacks (threads and guests' fibers)",
+        "main thread's stack",
+        "other anonymous memory",
+        "other",
+    ];
+    let mut parts: Vec<(&'static str, Part)> =
+        names.iter().map(|n| (*n, Part::default())).collect();
+    let binary = binary.to_string_lossy();
+    let cache = cache.to_string_lossy();
+    let unreadable = |m: &Mapping| m.perms.starts_with("---") && m.path.is_empty();
+    let adjacent = |a: &Mapping, b: &Mapping| a.end() == b.start;
+    let mut kinds: Vec<Option<usize>> = maps
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if unreadable(m) {
+                return None; // guard regions and reservations: nothing resident
+            }
+            let prev = i.checked_sub(1).map(|p| &maps[p]);
+            let guard_below = prev.is_some_and(|p| adjacent(p, m) && unreadable(p));
+            let next = maps.get(i + 1);
+            let reserved_above = next.is_some_and(|n| adjacent(m, n) && unreadable(n));
+            Some(if m.path == *binary {
+                if m.perms.contains('x') {
+                    0
+                } else if !m.perms.contains('w') && m.anonymous == 0 {
+                    1
+                } else {
+                    2
+                }
+            } else if m.path.starts_with(&*cache) {
+                3
+            } else if m.path.contains(".so") {
+                4
+            } else if m.path == "[heap]" {
+                5
+            } else if m.path == "[stack]" {
+                9
+            } else if !m.path.is_empty() {
+                11
+            } else if guard_below && prev.is_some_and(|p| p.size <= 64) {
+                8 // a stack sits on a guard page
+            } else if reserved_above {
+                6 // an arena's heap is followed by the rest of its 64 MiB
+            } else {
+                10
+            })
+        })
+        .collect();
+    // A linear memory is what lies between its guard region and the rest of its reservation
+    // (4 GiB and more): its stack and heap, and the data segments mapped from the compiled file.
+    for (j, m) in maps.iter().enumerate() {
+        if !(unreadable(m) && m.size >= GIB) {
+            continue;
+        }
+        let mut i = j;
+        while i > 0 && adjacent(&maps[i - 1], &maps[i]) && !unreadable(&maps[i - 1]) {
+            i -= 1;
+            kinds[i] = Some(7);
+        }
+    }
+    for (m, kind) in maps.iter().zip(kinds) {
+        let Some(kind) = kind else { continue };
+        let part = &mut parts[kind].1;
+        part.rss += m.rss;
+        part.anonymous += m.anonymous;
+        part.mappings += 1;
+        if kind == 3 {
+            match part.each.iter_mut().find(|(path, _)| *path == m.path) {
+                Some((_, rss)) => *rss += m.rss,
+                None => part.each.push((m.path.clone(), m.rss)),
+            }
+        }
+    }
+    parts
+}
+
+/// Two breakdowns (idle, and at the end of the window) side by side as a markdown table.
+fn breakdown_table(idle: &[(&'static str, Part)], end: &[(&'static str, Part)]) -> String {
+    let mut t = String::from(
+        "| what | idle KiB | of it anonymous | mappings | at the end KiB | of it anonymous |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for ((name, p), (_, e)) in idle.iter().zip(end) {
+        let mut name = name.to_string();
+        if !p.each.is_empty() {
+            let mut each: Vec<u64> = p.each.iter().map(|(_, rss)| *rss).collect();
+            each.sort_unstable_by(|a, b| b.cmp(a));
+            let mut each_end: Vec<u64> = e.each.iter().map(|(_, rss)| *rss).collect();
+            each_end.sort_unstable_by(|a, b| b.cmp(a));
+            let list = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+            name += &format!(
+                "; {} files, KiB each, largest first: idle {}; at the end {}",
+                each.len(),
+                list(&each),
+                list(&each_end)
+            );
+        }
+        t += &format!(
+            "| {name} | {} | {} | {} | {} | {} |\n",
+            p.rss, p.anonymous, p.mappings, e.rss, e.anonymous
+        );
+    }
+    let total = |parts: &[(&'static str, Part)]| parts.iter().map(|(_, p)| p.rss).sum::<u64>();
+    t += &format!("| total | {} | | | {} | |\n", total(idle), total(end));
+    t
+}

@@ -1,6 +1,7 @@
 //! `wdp run`: serve every configured scanner's devices to kubelet.
 
 mod prepare;
+mod resident;
 mod watch;
 
 use std::net::SocketAddr;
@@ -203,10 +204,20 @@ struct Host {
 
 impl Host {
     /// Loads (compiling where the cache has nothing) what `config` needs, touching nothing.
+    /// Shortly after, what loading made resident and serving does not use is handed back
+    /// ([`resident`]), whether the config is applied or refused.
     async fn prepare(&self, config: &Config, fleet: &Fleet) -> anyhow::Result<Plan> {
         let plan =
             prepare::prepare(&self.sandbox, &self.plugin_dir, &self.config, config, fleet).await;
-        return_freed_heap();
+        tokio::spawn(async {
+            tokio::time::sleep(resident::AFTER).await;
+            let released = resident::release();
+            tracing::debug!(
+                mappings = released.mappings,
+                kib = released.kib,
+                "handed back what loading the config made resident"
+            );
+        });
         plan
     }
 
@@ -245,18 +256,6 @@ impl Host {
                 Reload::Refused
             }
         }
-    }
-}
-
-/// Hands the heap memory compiling freed back to the kernel. Components compile on the blocking
-/// pool's threads, and glibc keeps what those threads freed in their arenas: without this a
-/// first start (or a reload that compiled) idled near its compile-time peak (bench/NOTES.md).
-fn return_freed_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only takes glibc's own arena locks and releases free pages; it
-    // touches no memory that is in use.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
