@@ -5,46 +5,26 @@ use std::path::{Path, PathBuf};
 
 use wdp::bindings::types as wit;
 
-pub use wdp_tests::fixture::Fixture;
+pub use wdp_tests::fixture::{Fixture, Tmpfs};
 
-/// A tmpfs mounted on a directory while this lives, as a node's `/dev` (devtmpfs) and `/run`
-/// (where `/var/run/cdi` lives) are: on the disk file system of the temp directory (ext4 here)
-/// listing 10,000 nodes or fsyncing a CDI spec costs several times more, which would measure the
-/// disk, not wdp. Nothing is mounted, and the run says so, where this process may not mount.
-pub struct Tmpfs(Option<PathBuf>);
-
-impl Tmpfs {
-    /// Mounts a fresh tmpfs on `dir` (created if missing); `what` names what stays on disk if
-    /// mounting fails.
-    pub fn mount(dir: &Path, what: &str) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "mode=755", "wdp-bench"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !mounted {
-            eprintln!(
-                "wdp-bench: cannot mount a tmpfs on {}; {what} stay on the temp directory's file system",
-                dir.display()
-            );
-        }
-        Ok(Tmpfs(mounted.then(|| dir.to_path_buf())))
+/// Mounts a tmpfs on `dir` (created if missing) for as long as the guard lives, as a node's
+/// `/dev` (devtmpfs) and `/run` (where `/var/run/cdi` lives) are: on the disk file system of the
+/// temp directory (ext4 here) listing 10,000 nodes or fsyncing a CDI spec costs several times
+/// more, which would measure the disk, not wdp. Where this process may not mount, nothing is
+/// mounted and the run says that `what` stays on disk.
+pub fn tmpfs(dir: &Path, what: &str) -> std::io::Result<Option<Tmpfs>> {
+    std::fs::create_dir_all(dir)?;
+    let mounted = Tmpfs::mount(dir, "mode=755");
+    if mounted.is_none() {
+        eprintln!(
+            "wdp-bench: cannot mount a tmpfs on {}; {what} stay on the temp directory's file system",
+            dir.display()
+        );
     }
+    Ok(mounted)
 }
 
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(dir)
-                .status();
-        }
-    }
-}
-
-/// A fixture whose dev root is a [`Tmpfs`]: its listing and stat costs are a node's, not ext4's
+/// A fixture whose dev root is a tmpfs ([`tmpfs`]): its listing and stat costs are a node's, not ext4's
 /// (its directory index and inode reads were the top of the 10,000-device profile).
 pub struct BenchFixture {
     /// Declared first: unmounted on drop before the fixture removes its files.
@@ -56,7 +36,7 @@ impl BenchFixture {
     /// A new fixture, its dev root on a fresh tmpfs when this process may mount one.
     pub fn new() -> Self {
         let fixture = Fixture::new();
-        let tmpfs = Tmpfs::mount(&fixture.dev(), "device nodes").ok();
+        let tmpfs = tmpfs(&fixture.dev(), "device nodes").ok().flatten();
         BenchFixture {
             _tmpfs: tmpfs,
             fixture,

@@ -212,3 +212,39 @@ fn link_at(link: &Path, target: &str) {
     }
     symlink(target, link).expect("symlink");
 }
+
+/// A tmpfs mounted on a directory, unmounted when this is dropped: also when a test fails
+/// half-way, so no mount outlives the fixture (and its temporary directory can be removed).
+#[derive(Debug)]
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a fresh tmpfs with `options` (`mount -o`) on `dir`, which must exist; `None` where
+    /// this process may not mount.
+    pub fn mount(dir: &Path, options: &str) -> Option<Self> {
+        std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "wdp-tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success())
+            .then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Remounts it with `options` (`ro`, `rw`); false when that fails.
+    pub fn remount(&self, options: &str) -> bool {
+        std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}

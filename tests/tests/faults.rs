@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use wdp_kubelet::api::Empty;
 use wdp_kubelet::standin::StandIn;
-use wdp_tests::fixture::Fixture;
+use wdp_tests::fixture::{Fixture, Tmpfs};
 use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen, serve};
 
@@ -119,27 +119,11 @@ async fn streams_closed_at_random() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_dir_not_writable() {
     let (f, plugins, config) = setup();
-    let mount = |opts: &str| {
-        std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
-            .arg(&plugins)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    };
-    if !mount("rw,size=1m") {
+    let Some(tmpfs) = Tmpfs::mount(&plugins, "rw,size=1m") else {
         eprintln!("skipped: cannot mount a tmpfs here (needs root with mount rights)");
         return;
-    }
-    let remount = |opts: &str| {
-        let ok = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,{opts}")])
-            .arg(&plugins)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "remount {opts}");
     };
+    let remount = |opts: &str| assert!(tmpfs.remount(opts), "remount {opts}");
     let (kubelet, seen) = StandIn::start(&plugins).unwrap();
     let mut seen = Seen::new(seen);
     remount("ro");
@@ -154,7 +138,6 @@ async fn plugin_dir_not_writable() {
     seen.devices("devices.example.com/kvm", &["kvm-0"]).await;
     assert!(host.terminate().await.success());
     kubelet.stop().await;
-    let _ = std::process::Command::new("umount").arg(&plugins).status();
 }
 
 /// The config file deleted while running: nothing changes; the host still serves and still

@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use wdp_bench::fixtures::{BenchFixture, Tmpfs, generic_devices, scanner_yaml};
+use wdp_bench::fixtures::{BenchFixture, generic_devices, scanner_yaml, tmpfs};
 use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim};
 use wdp_dra::kubelet::KubeletStandIn;
 use wdp_dra::plugin::ClaimRef;
@@ -69,7 +69,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     f.char_dev("ttyUSB0", 188, 0);
     let api = ApiServerStandIn::start().await?;
     let cdi = f.path().join("cdi");
-    let _cdi_tmpfs = Tmpfs::mount(&cdi, "CDI specs (fsync included)")?;
+    let _cdi_tmpfs = tmpfs(&cdi, "CDI specs (fsync included)")?;
     let kubelet_dir = f.path().join("kubelet");
     let registry = kubelet_dir.join("plugins_registry");
     std::fs::create_dir_all(&registry)?;
