@@ -313,3 +313,20 @@ pub fn node_specs(c: &wdp_kubelet::api::ContainerAllocateResponse) -> Vec<(&str,
         })
         .collect()
 }
+
+/// What a container runtime does with a CDI name `kind=device`: finds the spec of its kind in
+/// `dir` and the device of its name there; the device's `containerEdits`. Specs are JSON here
+/// (the tests' CDI format).
+pub fn resolve_cdi(dir: &std::path::Path, name: &str) -> Option<serde_json::Value> {
+    let (kind, device) = name.split_once('=')?;
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
+        if spec["kind"] != kind {
+            return None;
+        }
+        let devices = spec["devices"].as_array()?;
+        let d = devices.iter().find(|d| d["name"] == device)?;
+        Some(d["containerEdits"].clone())
+    })
+}

@@ -26,7 +26,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
 use wdp_tests::write_renamed;
-use wdp_tests::{eventually, eventually_within, guest};
+use wdp_tests::{eventually, eventually_within, guest, resolve_cdi};
 
 const DRIVER: &str = "devices.example.com";
 const NODE: &str = "node-1";
@@ -171,21 +171,6 @@ fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
         uid: claim.metadata.uid.clone().unwrap_or_default(),
         name: claim.metadata.name.clone().unwrap_or_default(),
     }
-}
-
-/// The containerEdits of CDI device `name` (`kind=device`) in the spec files of `dir`.
-fn resolve_cdi(dir: &Path, name: &str) -> Option<serde_json::Value> {
-    let (kind, device) = name.split_once('=')?;
-    std::fs::read_dir(dir).ok()?.find_map(|entry| {
-        let spec: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(entry.ok()?.path()).ok()?).ok()?;
-        if spec["kind"] != kind {
-            return None;
-        }
-        let devices = spec["devices"].as_array()?;
-        let d = devices.iter().find(|d| d["name"] == device)?;
-        Some(d["containerEdits"].clone())
-    })
 }
 
 /// The whole life of a DRA scanner: registered through the plugin watcher, its devices
@@ -509,7 +494,7 @@ async fn a_driver_without_its_api_server_is_on_readyz() {
     dp_kubelet.stop().await;
 }
 
-/// The pod kubelet admits in KEP-5004's path: containers `a` and `b` each with
+/// The pod kubelet admits in the extended-resource path: containers `a` and `b` each with
 /// `resources.limits: devices.example.com/kvm: 1`, and the status the scheduler leaves: its claim
 /// `claim` and which request serves which container.
 fn extended_resource_pod(uid: &str, claim: &str) -> Pod {
@@ -600,7 +585,7 @@ fn scheduler_claim(name: &str, reserved_for: &str) -> ResourceClaim {
     claim
 }
 
-/// KEP-5004 end to end: a pod whose two containers each ask `limits: devices.example.com/kvm: 1`
+/// The extended-resource path end to end: a pod whose two containers each ask `limits: devices.example.com/kvm: 1`
 /// on a node where the kvm scanner runs with `frontend: dra`, and the claim the scheduler made
 /// for it; the DRA kubelet stand-in prepares it through wdp and each container gets the CDI ids
 /// of its own request's device only. They, and the edits of the spec files they name, are what

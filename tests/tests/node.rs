@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use wdp_kubelet::api;
 use wdp_tests::fixture::Fixture;
-use wdp_tests::guest;
 use wdp_tests::host::serve;
+use wdp_tests::{guest, resolve_cdi};
 
 /// One `kvm` scanner (one slot, rescanning only on a change) serving `devices.example.com/kvm`.
 fn kvm_config(f: &Fixture) -> PathBuf {
@@ -362,22 +362,6 @@ fn kubelet_gone(plugins: &std::path::Path, aside: &std::path::Path) {
     let _ = std::fs::remove_file(plugins.join("kubelet.sock"));
     std::fs::rename(plugins, aside).unwrap();
     std::fs::remove_dir_all(aside).unwrap();
-}
-
-/// What a container runtime does with a CDI name: finds the spec of its kind in the directory
-/// and the device of its name there; the device's `containerEdits`.
-fn resolve_cdi(dir: &std::path::Path, name: &str) -> Option<serde_json::Value> {
-    let (kind, device) = name.split_once('=')?;
-    std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
-        let spec: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-        if spec["kind"] != kind {
-            return None;
-        }
-        let devices = spec["devices"].as_array()?;
-        let d = devices.iter().find(|d| d["name"] == device)?;
-        Some(d["containerEdits"].clone())
-    })
 }
 
 /// kubelet's checkpoint at work: a container admitted once starts again from the cached
