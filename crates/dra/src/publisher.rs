@@ -444,21 +444,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_watch_survives_a_token_rotation() {
-        use crate::apiserver::client::ApiClient;
-        use crate::apiserver::standin::Options;
-        let cert = include_bytes!("apiserver/testdata/cert.pem").to_vec();
-        let key = include_bytes!("apiserver/testdata/key.pem").to_vec();
-        let server = ApiServerStandIn::start_with(Options {
-            tls: Some((cert.clone(), key)),
-            token: Some("first".into()),
-            ..Options::default()
-        })
-        .await
-        .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
-        std::fs::write(dir.path().join("token"), "first\n").unwrap();
-        let client = ApiClient::https("127.0.0.1", server.addr().port(), dir.path()).unwrap();
+        let (server, dir, client) = crate::testing::tls_server_and_client().await;
         let (_tx, rx) = watch::channel(Inventory {
             pools: vec![pool("node-a", &["gpu-0", "gpu-1"])],
         });

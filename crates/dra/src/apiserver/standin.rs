@@ -1075,35 +1075,9 @@ pub fn validate(slice: &ResourceSlice) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::apiserver::{ApiError, ClaimSource, SliceStore};
-    use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
+    use crate::testing::slice;
+    use k8s_openapi::api::resource::v1::Device;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    fn slice(name: &str, node: &str, driver: &str, devices: usize) -> ResourceSlice {
-        ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: driver.into(),
-                node_name: Some(node.into()),
-                pool: ResourcePool {
-                    name: node.into(),
-                    generation: 0,
-                    resource_slice_count: 1,
-                },
-                devices: Some(
-                    (0..devices)
-                        .map(|i| Device {
-                            name: format!("dev-{i}"),
-                            ..Default::default()
-                        })
-                        .collect(),
-                ),
-                ..Default::default()
-            },
-        }
-    }
 
     #[tokio::test]
     async fn the_client_meets_the_api_servers_rules() {
@@ -1188,19 +1162,7 @@ mod tests {
 
     #[tokio::test]
     async fn in_cluster_tls_and_a_rotated_token() {
-        let cert = include_bytes!("testdata/cert.pem").to_vec();
-        let key = include_bytes!("testdata/key.pem").to_vec();
-        let server = ApiServerStandIn::start_with(Options {
-            tls: Some((cert.clone(), key)),
-            token: Some("first".into()),
-            ..Options::default()
-        })
-        .await
-        .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("ca.crt"), &cert).unwrap();
-        std::fs::write(dir.path().join("token"), "first\n").unwrap();
-        let client = ApiClient::https("127.0.0.1", server.addr().port(), dir.path()).unwrap();
+        let (server, dir, client) = crate::testing::tls_server_and_client().await;
         client
             .create(&slice("a", "node-1", "gpu.example.com", 1))
             .await

@@ -157,28 +157,12 @@ impl<S: SliceStore> SliceWatcher<S> {
 mod tests {
     use super::*;
     use crate::apiserver::standin::{ApiServerStandIn, Options};
-    use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSliceSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     const DRIVER: &str = "gpu.example.com";
 
+    /// A slice of `driver` on node-1, without devices.
     fn slice(name: &str, driver: &str) -> ResourceSlice {
-        ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            spec: ResourceSliceSpec {
-                driver: driver.into(),
-                node_name: Some("node-1".into()),
-                pool: ResourcePool {
-                    name: "node-1".into(),
-                    generation: 0,
-                    resource_slice_count: 1,
-                },
-                ..Default::default()
-            },
-        }
+        crate::testing::slice(name, "node-1", driver, 0)
     }
 
     fn names(seen: &Observation) -> (String, Vec<String>) {
