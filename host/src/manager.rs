@@ -9,6 +9,7 @@
 //! `<namespace>/<dev-type>` is refused with an error naming both.
 
 use std::borrow::Borrow;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -93,13 +94,14 @@ impl Claims {
     fn claim(&self, namespace: &str, dev_type: &str, scanner: &Arc<str>) -> Result<(), Held> {
         let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
         let resource = format!("{namespace}/{dev_type}");
-        match owners.get(&joined(namespace, dev_type)) {
-            Some((owner, held)) if owner != scanner || *held != resource => Err(Held {
-                scanner: owner.clone(),
-                resource: held.clone(),
-            }),
-            _ => {
-                owners.insert(joined(namespace, dev_type), (scanner.clone(), resource));
+        match owners.entry(joined(namespace, dev_type)) {
+            Entry::Occupied(held) if held.get().0 != *scanner || held.get().1 != resource => {
+                let (scanner, resource) = held.get().clone();
+                Err(Held { scanner, resource })
+            }
+            Entry::Occupied(_) => Ok(()),
+            Entry::Vacant(free) => {
+                free.insert((scanner.clone(), resource));
                 Ok(())
             }
         }
