@@ -3,9 +3,9 @@
 //! With the Container Device Interface the container runtime, not kubelet, applies a device's
 //! nodes, mounts and environment, from a spec file it finds in a well-known directory
 //! (`/var/run/cdi`); the plugin only names the device in its Allocate answer
-//! (`cdi_devices`, KEP-4009). When a scanner's config has `cdi:`, its manager keeps one spec file
-//! per resource in that directory, in step with the tree: written before kubelet can see a new
-//! or changed device, removed when the device type goes away. Files are written to a temporary
+//! (`cdi_devices`, the Device Plugin API's CDI field). When a scanner's config has `cdi:`, its
+//! manager keeps one spec file per resource in that directory, in step with the tree: written
+//! before kubelet can see a new or changed device, removed when the device type goes away. Files are written to a temporary
 //! name and renamed, so a runtime never reads half a spec. Specs outlive the process: stopping
 //! or crashing removes none, and the next start takes them over (`ownership.rs`).
 //!

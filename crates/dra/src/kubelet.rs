@@ -20,7 +20,7 @@
 //!   cancelled when the driver registers again); [`Options::wiping_delay`] shortens it for tests;
 //! - a pod's claims are prepared and handed to its containers as `pkg/kubelet/cm/dra/manager.go`
 //!   does ([`KubeletStandIn::prepare_pod`]): the claims of `spec.resourceClaims` and, for a pod
-//!   whose containers ask for an extended resource served by DRA (KEP-5004), the claim the
+//!   whose containers ask for an extended resource served by DRA (`DRAExtendedResource`), the claim the
 //!   scheduler made for it (`status.extendedResourceClaimStatus`); each container gets the CDI
 //!   ids of its own requests only.
 

@@ -563,7 +563,7 @@ mod tests {
         let running = start(&server, rx.clone(), dir.path(), "dra.sock");
         let mut client = v1(&running.socket).await;
 
-        // Two containers' requests (as a KEP-5004 claim names them), each its own device; a
+        // Two containers' requests (as the scheduler's extended-resource claim names them), each its own device; a
         // subrequest of a prioritized list counts for its request.
         let gpu2 = crate::names::device_name("GPU2");
         let pod = server.insert_claim(claim(
