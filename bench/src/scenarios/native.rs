@@ -124,7 +124,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     // watcher of our own, and subtracted: timing from that watcher's wake-up while the guest
     // runs is not a start the guest waits for (when the guest's task wakes first, the span
     // loses part of the scan: medians of a third of the scan were seen on a quiet machine).
-    let watcher = ChangeWatcher::start(&f.dev(), &f.sys());
+    let watcher = ChangeWatcher::start(&f.dev(), &f.sys(), None);
     let mut woke = watcher.subscribe();
     let extra = format!("bench/d{n}");
     let mut delivery = Vec::new();

@@ -5,44 +5,48 @@ use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt};
 
+use super::listing::Listings;
 use super::{DevReads, DevfsError, MAX_DIR_ENTRIES, Node, NodeKind};
 
-/// A dev root on disk, opened once as a capability.
+/// A dev root on disk, opened once as a capability, with the listings kept of its directories.
 #[derive(Debug)]
-pub struct HostDir(Dir);
+pub struct HostDir {
+    root: Dir,
+    listings: Arc<Listings>,
+}
 
 impl HostDir {
     /// Opens `root` as the directory every path is resolved beneath.
     pub fn open(root: &Path) -> io::Result<Self> {
-        Ok(HostDir(Dir::open_ambient_dir(root, ambient_authority())?))
+        let root = Dir::open_ambient_dir(root, ambient_authority())?;
+        let listings = Arc::new(Listings::new(root.dir_metadata()?.dev()));
+        Ok(HostDir { root, listings })
+    }
+
+    /// The listings kept of this root's directories, for the change watcher to keep true.
+    pub fn listings(&self) -> &Arc<Listings> {
+        &self.listings
     }
 }
 
 impl DevReads for HostDir {
     fn read_dir(&self, path: &str, rel: &Path) -> Result<Vec<Node>, DevfsError> {
-        let entries = self.0.read_dir(rel).map_err(|e| map_io(path, e))?;
-        let mut nodes = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| map_io(path, e))?;
-            let Ok(name) = entry.file_name().into_string() else {
-                continue;
-            };
-            if nodes.len() == MAX_DIR_ENTRIES {
-                return Err(DevfsError::TooManyEntries { path: path.into() });
-            }
-            // An entry can vanish between listing and stat (hot-unplug): skip it.
-            let Ok(meta) = entry.metadata() else { continue };
-            nodes.push(node(name, &meta));
+        let dir = if rel == Path::new(".") {
+            self.root.try_clone()
+        } else {
+            self.root.open_dir(rel)
         }
-        Ok(nodes)
+        .map_err(|e| map_io(path, e))?;
+        self.listings.list(&dir, || list(&dir, path))
     }
 
     fn entry_names(&self, path: &str, rel: &Path) -> Result<HashSet<OsString>, DevfsError> {
-        let entries = self.0.read_dir(rel).map_err(|e| map_io(path, e))?;
+        let entries = self.root.read_dir(rel).map_err(|e| map_io(path, e))?;
         entries
             .map(|entry| entry.map(|e| e.file_name()).map_err(|e| map_io(path, e)))
             .collect()
@@ -50,23 +54,26 @@ impl DevReads for HostDir {
 
     fn stat(&self, path: &str, rel: &Path, name: String, follow: bool) -> Result<Node, DevfsError> {
         let meta = if follow {
-            self.0.metadata(rel)
+            self.root.metadata(rel)
         } else if rel == Path::new(".") {
-            self.0.dir_metadata()
+            self.root.dir_metadata()
         } else {
-            self.0.symlink_metadata(rel)
+            self.root.symlink_metadata(rel)
         }
         .map_err(|e| map_io(path, e))?;
         Ok(node(name, &meta))
     }
 
     fn read_link(&self, path: &str, rel: &Path) -> Result<String, DevfsError> {
-        let meta = self.0.symlink_metadata(rel).map_err(|e| map_io(path, e))?;
+        let meta = self
+            .root
+            .symlink_metadata(rel)
+            .map_err(|e| map_io(path, e))?;
         if !meta.file_type().is_symlink() {
             return Err(DevfsError::NotASymlink { path: path.into() });
         }
         let target = self
-            .0
+            .root
             .read_link_contents(rel)
             .map_err(|e| map_io(path, e))?;
         Ok(target.to_string_lossy().into_owned())
@@ -74,9 +81,9 @@ impl DevReads for HostDir {
 
     fn stat_batch(&self, rel: &Path, names: &[&str]) -> Option<Vec<Option<Node>>> {
         let opened = if rel == Path::new(".") {
-            self.0.try_clone().ok()?
+            self.root.try_clone().ok()?
         } else {
-            self.0.open_dir(rel).ok()?
+            self.root.open_dir(rel).ok()?
         };
         Some(
             names
@@ -88,6 +95,25 @@ impl DevReads for HostDir {
                 .collect(),
         )
     }
+}
+
+/// The entries of `dir` from scratch: a `getdents` and a `statx` per entry.
+fn list(dir: &Dir, path: &str) -> Result<Vec<Node>, DevfsError> {
+    let entries = dir.entries().map_err(|e| map_io(path, e))?;
+    let mut nodes = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| map_io(path, e))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if nodes.len() == MAX_DIR_ENTRIES {
+            return Err(DevfsError::TooManyEntries { path: path.into() });
+        }
+        // An entry can vanish between listing and stat (hot-unplug): skip it.
+        let Ok(meta) = entry.metadata() else { continue };
+        nodes.push(node(name, &meta));
+    }
+    Ok(nodes)
 }
 
 /// One listed entry as the guest sees it (also what `batch`'s listings carry).

@@ -13,13 +13,16 @@
 //! [`DevFs`] keeps the path rules; where answers come from is a [`DevReads`], one of three: the
 //! host's directory ([`dir::HostDir`]), a snapshot's recorded table ([`table::DevTable`], for
 //! `wdp scan --from-snapshot`, resolved by the same rules through [`resolve`]), or either of
-//! those wrapped to note every question in a [`record::Recorder`] (`wdp snapshot`).
+//! those wrapped to note every question in a [`record::Recorder`] (`wdp snapshot`). The host's
+//! directory keeps its listings between scans ([`listing`]), patched from the change watcher's
+//! events.
 //!
 //! A leaf of the crate: the sandbox, the policy, the topology and the snapshot tools all build on
 //! it, and it imports none of them.
 
 pub mod batch;
 pub mod dir;
+pub mod listing;
 pub mod record;
 pub mod resolve;
 pub mod sys;
@@ -31,6 +34,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use self::listing::Listings;
 use self::record::Recorder;
 use self::table::DevTable;
 
@@ -154,13 +158,17 @@ pub trait DevReads: Send + Sync + std::fmt::Debug {
 pub struct DevFs {
     reads: Box<dyn DevReads>,
     root_path: PathBuf,
+    /// The host directory's kept listings; `None` for a snapshot's table.
+    listings: Option<Arc<Listings>>,
 }
 
 impl DevFs {
     /// Opens `root` (normally `/dev`) as the directory every guest path is resolved beneath.
     pub fn open(root: &Path) -> io::Result<Self> {
+        let dir = dir::HostDir::open(root)?;
         Ok(DevFs {
-            reads: Box::new(dir::HostDir::open(root)?),
+            listings: Some(dir.listings().clone()),
+            reads: Box::new(dir),
             root_path: root.to_path_buf(),
         })
     }
@@ -171,6 +179,7 @@ impl DevFs {
         DevFs {
             reads: Box::new(table),
             root_path: shown_as,
+            listings: None,
         }
     }
 
@@ -179,7 +188,14 @@ impl DevFs {
         DevFs {
             reads: Box::new(record::Recorded::new(self.reads, recorder)),
             root_path: self.root_path,
+            listings: self.listings,
         }
+    }
+
+    /// The listings kept of the host directory's entries ([`listing`]), for the change watcher
+    /// to connect to; `None` when answers come from a snapshot's table.
+    pub fn listings(&self) -> Option<&Arc<Listings>> {
+        self.listings.as_ref()
     }
 
     /// The host directory guests see as `/dev`.

@@ -274,7 +274,7 @@ impl Sandbox {
         }
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
-        let changes = ChangeWatcher::start(&roots.dev, &roots.sys);
+        let changes = ChangeWatcher::start(&roots.dev, &roots.sys, devfs.listings());
         Ok(Arc::new(Sandbox {
             engine,
             clock,

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::uevent::Uevents;
+use crate::hostfs::listing::{self, Connected, Listings};
 
 /// Upper bound on inotify watches per host; beyond it new directories are not followed.
 const MAX_WATCHES: usize = 8192;
@@ -40,10 +42,13 @@ impl ChangeWatcher {
     ///
     /// Kernel uevents are heard whatever the sys root is (they describe the real machine): with a
     /// fixture root they only cost a rescan that finds nothing new.
-    pub fn start(dev_root: &Path, sys_root: &Path) -> Self {
+    ///
+    /// `listings`, the dev root's kept listings, are connected to the inotify instance: each
+    /// event is noted there before the guests are told (see [`crate::hostfs::listing`]).
+    pub fn start(dev_root: &Path, sys_root: &Path, listings: Option<&Arc<Listings>>) -> Self {
         let (tx, rx) = watch::channel(0u64);
         let mut tasks = Vec::new();
-        match Watching::new(dev_root, sys_root) {
+        match Watching::new(dev_root, sys_root, listings) {
             Ok(watching) => tasks.push(AbortOnDropHandle::new(tokio::spawn(
                 watching.run(tx.clone()),
             ))),
@@ -77,22 +82,26 @@ struct Watching {
     watches: Watches,
     /// Directories whose new subdirectories are followed (the dev root's tree).
     recursive: HashMap<WatchDescriptor, PathBuf>,
+    /// Where the dev root's kept listings learn of changes; disconnected when this is dropped.
+    listings: Option<Connected>,
 }
 
-const DIR_MASK: WatchMask = WatchMask::CREATE
-    .union(WatchMask::DELETE)
-    .union(WatchMask::MOVED_FROM)
-    .union(WatchMask::MOVED_TO)
-    .union(WatchMask::ATTRIB)
+/// Every entry change (what the dev root's kept listings need too), never through a symlink.
+const DIR_MASK: WatchMask = listing::EVENTS
     .union(WatchMask::DONT_FOLLOW)
     .union(WatchMask::ONLYDIR);
 
 impl Watching {
-    fn new(dev_root: &Path, sys_root: &Path) -> std::io::Result<Self> {
+    fn new(
+        dev_root: &Path,
+        sys_root: &Path,
+        listings: Option<&Arc<Listings>>,
+    ) -> std::io::Result<Self> {
         let inotify = Inotify::init()?;
         let stream = inotify.into_event_stream(vec![0u8; 16 * 1024])?;
         let mut this = Watching {
             watches: stream.watches(),
+            listings: listings.map(|l| l.connect(stream.watches(), DIR_MASK)),
             stream,
             recursive: HashMap::new(),
         };
@@ -157,6 +166,10 @@ impl Watching {
             if event.mask.contains(EventMask::IGNORED) {
                 self.recursive.remove(&event.wd);
             }
+            // Before the guests hear of it: a guest woken by this event lists what it changed.
+            if let Some(listings) = &self.listings {
+                listings.note(&event.wd, event.mask, event.name.as_deref());
+            }
             tx.send_modify(|generation| *generation += 1);
             if tx.is_closed() {
                 return;
@@ -197,6 +210,49 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A guest woken by a change lists it: the watcher notes each event in the dev root's kept
+    /// listings before it bumps the counter, so no listing read after the wake-up misses it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_woken_guest_lists_the_change_that_woke_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dev = tmp.path().join("dev");
+        let sys = tmp.path().join("sys");
+        std::fs::create_dir_all(dev.join("bus")).unwrap();
+        std::fs::create_dir_all(&sys).unwrap();
+        let devfs = crate::hostfs::DevFs::open(&dev).unwrap();
+        let watcher = ChangeWatcher::start(&dev, &sys, devfs.listings());
+        let mut rx = watcher.subscribe();
+        let names = |devfs: &crate::hostfs::DevFs| {
+            let nodes = devfs.read_dir("/dev/bus").unwrap();
+            nodes.into_iter().map(|n| n.name).collect::<Vec<_>>()
+        };
+        let mut expected = Vec::new();
+        for i in 0..200 {
+            // Kept from the second listing on; each round one entry more, or one fewer.
+            assert_eq!(names(&devfs), expected, "round {i}");
+            let name = format!("n{i:03}");
+            if i % 3 == 2 {
+                let gone = expected.remove(0);
+                std::fs::remove_file(dev.join("bus").join(&gone)).unwrap();
+            } else {
+                std::fs::write(dev.join("bus").join(&name), "").unwrap();
+                expected.push(name);
+            }
+            tokio::time::timeout(Duration::from_secs(5), rx.changed())
+                .await
+                .expect("the change is reported")
+                .unwrap();
+            rx.borrow_and_update();
+        }
+        assert_eq!(names(&devfs), expected);
+        // The watcher gone (its task ended): nothing kept, listings are taken afresh.
+        drop(watcher);
+        tokio::task::yield_now().await;
+        std::fs::write(dev.join("bus/after"), "").unwrap();
+        expected.insert(0, "after".into());
+        assert_eq!(names(&devfs), expected);
+    }
+
     #[tokio::test]
     async fn sees_new_files_in_new_directories() {
         let tmp = tempfile::tempdir().unwrap();
@@ -204,7 +260,7 @@ mod tests {
         let sys = tmp.path().join("sys");
         std::fs::create_dir_all(&dev).unwrap();
         std::fs::create_dir_all(sys.join("class/drm")).unwrap();
-        let watcher = ChangeWatcher::start(&dev, &sys);
+        let watcher = ChangeWatcher::start(&dev, &sys, None);
         let mut rx = watcher.subscribe();
         let wait = |rx: &mut watch::Receiver<u64>| {
             let mut rx = rx.clone();

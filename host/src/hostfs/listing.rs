@@ -1,0 +1,487 @@
+//! Directory listings of the dev root kept between scans, patched from the change watcher's
+//! inotify events instead of listed again.
+//!
+//! Why: a scanner lists the same directories on every scan, and a listing costs a `getdents` and
+//! a `statx` per entry in the host (about 1 µs an entry: 10 ms for a directory of 10,000 device
+//! nodes, every time one of them changes). The kernel already tells the host which entries
+//! changed: the change watcher ([`crate::sandbox`]'s) reads an inotify event for every entry
+//! created, removed, moved or changed in mode under the dev root. A kept listing is patched with
+//! a `stat` of each named entry, so a scan after one hot-plug costs one `stat`, not 10,000.
+//!
+//! Why it is never stale for a scan that reacts to a change: the watcher notes each event here
+//! *before* it wakes the guests, so a guest woken by a change finds it noted. An event still
+//! queued in the kernel when a scan lists (a scan on its timer, racing a hot-plug) is noted
+//! afterwards and then wakes the guest, whose next scan sees it: what a fresh listing racing the
+//! same change would give. Whatever the watcher cannot vouch for is listed afresh:
+//! - nothing is kept until a watcher is connected, and nothing once it is gone (its task ended);
+//! - the queue overflowed (events were lost): every listing is dropped;
+//! - a directory removed or unmounted (its watch is gone): its listing is dropped;
+//! - a directory on another filesystem than the dev root's (a mount such as `/dev/pts`, whose
+//!   filesystem may create entries without inotify events) is never kept.
+//!
+//! Listings are keyed by the watch descriptor of the directory's inode, which the kernel gives
+//! per inode: a directory renamed keeps its listing, and a path that names another directory
+//! now (replaced, or a different symlink) finds that directory's. The watch is placed through
+//! `/proc/self/fd` on the directory already opened beneath the root, so the inode watched is the
+//! one listed, whatever symlinks the path crossed.
+//!
+//! Known limit: a filesystem mounted over an entry of a kept directory after it was listed (a
+//! mount makes no inotify event) shows the entry as it was until the entry itself changes. The
+//! mounts under /dev (`pts`, `shm`, `mqueue`, `hugepages`) are made at boot, before the host.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use cap_std::fs::{Dir, MetadataExt};
+use inotify::{EventMask, WatchDescriptor, WatchMask, Watches};
+
+use super::{MAX_DIR_ENTRIES, Node};
+
+/// Most directories kept at once: a bound for a guest that lists ever-new directories. Beyond
+/// it, other directories are listed afresh each time.
+const MAX_LISTINGS: usize = 256;
+
+/// The events a kept listing needs of its directory: every entry made, removed, moved or changed
+/// in mode. The change watcher watches directories with these (and more).
+pub const EVENTS: WatchMask = WatchMask::CREATE
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::ATTRIB);
+
+/// The dev root's kept listings. Shared by the [`super::DevFs`] that serves guests and the
+/// change watcher that keeps them true ([`Listings::connect`], [`Listings::note`]).
+#[derive(Debug)]
+pub struct Listings {
+    /// The dev root's filesystem: only its directories are kept.
+    root_dev: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The watcher's inotify instance and the mask it watches directories with; `None` while no
+    /// watcher is connected (nothing is kept then).
+    watcher: Option<(Watches, WatchMask)>,
+    by_watch: HashMap<WatchDescriptor, Listing>,
+}
+
+#[derive(Debug)]
+struct Listing {
+    /// `None` while the first listing is being taken (outside the lock): events meanwhile are
+    /// noted in `changed` all the same.
+    nodes: Option<BTreeMap<String, Node>>,
+    /// Entries named by events since they were last looked at.
+    changed: HashSet<OsString>,
+}
+
+/// Disconnects the watcher from [`Listings`] when dropped: the watcher's task owns it, so its
+/// end (aborted, or its inotify queue unreadable) stops the keeping.
+#[derive(Debug)]
+pub struct Connected(Arc<Listings>);
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.watcher = None;
+        state.by_watch.clear();
+    }
+}
+
+impl Connected {
+    /// Notes one event of the watcher's instance. Called for every event, before the guests are
+    /// told of it.
+    pub fn note(&self, wd: &WatchDescriptor, mask: EventMask, name: Option<&OsStr>) {
+        let mut state = self.0.lock();
+        if mask.contains(EventMask::Q_OVERFLOW) {
+            state.by_watch.clear();
+        } else if mask.contains(EventMask::IGNORED) {
+            state.by_watch.remove(wd);
+        } else if let (Some(listing), Some(name)) = (state.by_watch.get_mut(wd), name) {
+            listing.changed.insert(name.to_owned());
+        }
+        // An event of the directory itself (moved, its mode changed) leaves its entries as
+        // they are: the listing is the inode's.
+    }
+}
+
+impl Listings {
+    /// Listings of directories on filesystem `root_dev` (the dev root's `st_dev`); none are kept
+    /// until a watcher connects.
+    pub(super) fn new(root_dev: u64) -> Self {
+        Listings {
+            root_dev,
+            state: Mutex::default(),
+        }
+    }
+
+    /// Connects the watcher whose inotify instance `watches` is: from now on its events must be
+    /// given to [`Connected::note`]. `mask` is what it watches directories with (a directory
+    /// watched by both is watched with one mask per instance, and adding a watch replaces it);
+    /// the path flags in it are dropped, since the watch is placed through a `/proc/self/fd`
+    /// link, which must be followed.
+    pub fn connect(self: &Arc<Self>, watches: Watches, mask: WatchMask) -> Connected {
+        debug_assert!(mask.contains(EVENTS), "a watcher that misses changes");
+        let mask = mask.difference(WatchMask::DONT_FOLLOW | WatchMask::ONLYDIR);
+        let mut state = self.lock();
+        state.watcher = Some((watches, mask));
+        state.by_watch.clear();
+        drop(state);
+        Connected(self.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent at every step: a panic elsewhere cannot leave it half-done.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The entries of `dir` (opened beneath the dev root), kept or patched when its listing is
+    /// kept, else from `fresh`: the listing taken from scratch, whose answer is then kept.
+    pub(super) fn list<E>(
+        &self,
+        dir: &Dir,
+        fresh: impl FnOnce() -> Result<Vec<Node>, E>,
+    ) -> Result<Vec<Node>, E> {
+        let Some(wd) = self.watch(dir) else {
+            return fresh();
+        };
+        let mut state = self.lock();
+        let full = state.by_watch.len() >= MAX_LISTINGS;
+        match state.by_watch.get_mut(&wd) {
+            Some(Listing {
+                nodes: Some(nodes),
+                changed,
+            }) => {
+                if patch(dir, nodes, changed) {
+                    return Ok(nodes.values().cloned().collect());
+                }
+                // Grown past what a listing may hold: listed afresh, which refuses it.
+                state.by_watch.remove(&wd);
+                drop(state);
+                return fresh();
+            }
+            // Another guest is listing it now: this one lists too, without keeping.
+            Some(_) => {
+                drop(state);
+                return fresh();
+            }
+            None if full => {
+                drop(state);
+                return fresh();
+            }
+            None => {}
+        }
+        state.by_watch.insert(
+            wd.clone(),
+            Listing {
+                nodes: None,
+                changed: HashSet::new(),
+            },
+        );
+        // Listed without the lock: other guests' listings and the watcher's notes go on.
+        drop(state);
+        let listed = fresh();
+        let mut state = self.lock();
+        let Ok(nodes) = &listed else {
+            state.by_watch.remove(&wd);
+            return listed;
+        };
+        // Gone meanwhile (the queue overflowed, the directory went): this answer stands, as a
+        // fresh listing's would, but it is not kept.
+        if let Some(listing) = state.by_watch.get_mut(&wd) {
+            let mut kept = nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.clone()))
+                .collect::<BTreeMap<_, _>>();
+            // Entries changed while it was listed: the listing may hold either state of them.
+            if !listing.changed.is_empty() && !patch(dir, &mut kept, &mut listing.changed) {
+                state.by_watch.remove(&wd);
+                return listed;
+            }
+            let answer = kept.values().cloned().collect();
+            listing.nodes = Some(kept);
+            return Ok(answer);
+        }
+        listed
+    }
+
+    /// The watch of `dir`'s inode in the watcher's instance (placed if need be), when `dir`'s
+    /// listing may be kept.
+    fn watch(&self, dir: &Dir) -> Option<WatchDescriptor> {
+        if dir.dir_metadata().ok()?.dev() != self.root_dev {
+            return None;
+        }
+        let mut state = self.lock();
+        let (watches, mask) = state.watcher.as_mut()?;
+        // The same inode watched twice in one instance is one watch: this returns the watch the
+        // watcher already has when it watches this directory.
+        let link = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
+        watches.add(link, *mask).ok()
+    }
+}
+
+/// Applies the entries named in `changed` to `nodes`, each looked up again (gone, or no longer
+/// describable: removed, as a fresh listing skips it). False when `nodes` grew past
+/// [`MAX_DIR_ENTRIES`].
+fn patch(dir: &Dir, nodes: &mut BTreeMap<String, Node>, changed: &mut HashSet<OsString>) -> bool {
+    for name in changed.drain() {
+        // A fresh listing skips names WIT strings cannot carry.
+        let Ok(name) = name.into_string() else {
+            continue;
+        };
+        match dir.symlink_metadata(&name) {
+            Ok(meta) => {
+                let node = super::dir::node(name.clone(), &meta);
+                nodes.insert(name, node);
+            }
+            Err(_) => {
+                nodes.remove(&name);
+            }
+        }
+    }
+    nodes.len() <= MAX_DIR_ENTRIES
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use inotify::Inotify;
+
+    use super::*;
+    use crate::hostfs::DevFs;
+
+    /// A dev root whose listings are kept, with a watcher stand-in: an inotify instance whose
+    /// events the test hands over itself, as the change watcher does, after each change.
+    struct Kept {
+        devfs: DevFs,
+        plain: DevFs,
+        inotify: Inotify,
+        connected: Option<Connected>,
+    }
+
+    impl Kept {
+        fn new(root: &Path) -> Self {
+            let devfs = DevFs::open(root).unwrap();
+            let inotify = Inotify::init().unwrap();
+            let connected = devfs.listings().unwrap().connect(inotify.watches(), EVENTS);
+            Kept {
+                devfs,
+                plain: DevFs::open(root).unwrap(),
+                inotify,
+                connected: Some(connected),
+            }
+        }
+
+        /// Hands over every queued event; true when the queue had overflowed.
+        fn deliver(&mut self) -> bool {
+            let mut buffer = vec![0u8; 64 * 1024];
+            let mut overflowed = false;
+            loop {
+                match self.inotify.read_events(&mut buffer) {
+                    Ok(events) => {
+                        let mut any = false;
+                        for e in events {
+                            any = true;
+                            overflowed |= e.mask.contains(EventMask::Q_OVERFLOW);
+                            if let Some(c) = &self.connected {
+                                c.note(&e.wd, e.mask, e.name);
+                            }
+                        }
+                        if !any {
+                            return overflowed;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return overflowed,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+
+        /// The kept listing of `path` equals a fresh one.
+        fn check(&mut self, path: &str, what: &str) {
+            self.deliver();
+            let kept = self.devfs.read_dir(path).map_err(|e| e.to_string());
+            let fresh = self.plain.read_dir(path).map_err(|e| e.to_string());
+            assert_eq!(kept, fresh, "{path} after {what}");
+        }
+
+        fn kept_count(&self) -> usize {
+            let state = self.devfs.listings().unwrap().lock();
+            state
+                .by_watch
+                .values()
+                .filter(|l| l.nodes.is_some())
+                .count()
+        }
+    }
+
+    fn mknod(path: &Path, minor: u32) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o660),
+            rustix::fs::makedev(240, minor),
+        )
+        .map_err(std::io::Error::from)
+        .or_else(|_| std::fs::write(path, ""))
+        .unwrap();
+    }
+
+    #[test]
+    fn a_kept_listing_follows_every_kind_of_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("bus/sub")).unwrap();
+        for i in 0..100 {
+            mknod(&root.join(format!("bus/n{i}")), i);
+        }
+        let mut kept = Kept::new(root);
+        kept.check("/dev/bus", "the first listing");
+        assert_eq!(kept.kept_count(), 1, "the listing is kept");
+
+        mknod(&root.join("bus/new"), 500);
+        kept.check("/dev/bus", "a node created");
+        std::fs::remove_file(root.join("bus/n3")).unwrap();
+        kept.check("/dev/bus", "a node removed");
+        std::fs::remove_file(root.join("bus/n4")).unwrap();
+        mknod(&root.join("bus/n4"), 900);
+        kept.check("/dev/bus", "a node replaced by another device");
+        std::fs::set_permissions(
+            root.join("bus/n5"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        kept.check("/dev/bus", "a mode changed");
+        std::fs::rename(root.join("bus/n6"), root.join("bus/renamed")).unwrap();
+        kept.check("/dev/bus", "a node renamed");
+        std::fs::rename(root.join("bus/n7"), root.join("bus/sub/n7")).unwrap();
+        kept.check("/dev/bus", "a node moved out");
+        kept.check("/dev/bus/sub", "a node moved in");
+        std::os::unix::fs::symlink("n8", root.join("bus/link")).unwrap();
+        kept.check("/dev/bus", "a symlink made");
+        std::fs::create_dir(root.join("bus/dir")).unwrap();
+        kept.check("/dev/bus", "a directory made");
+        std::fs::remove_dir(root.join("bus/dir")).unwrap();
+        kept.check("/dev/bus", "a directory removed");
+
+        // The path names another directory now: that one's listing, not the kept one.
+        std::fs::rename(root.join("bus"), root.join("old")).unwrap();
+        std::fs::create_dir(root.join("bus")).unwrap();
+        mknod(&root.join("bus/only"), 1);
+        kept.check("/dev/bus", "the directory replaced");
+        kept.check("/dev/old", "the directory renamed");
+        std::os::unix::fs::symlink("old", root.join("via")).unwrap();
+        kept.check("/dev/via", "a symlink to a kept directory");
+        mknod(&root.join("old/late"), 2);
+        kept.check("/dev/via", "a change seen through the symlink");
+
+        // Removed and made again: the old watch is gone, nothing of it remains.
+        for entry in std::fs::read_dir(root.join("old/sub")).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        std::fs::remove_dir(root.join("old/sub")).unwrap();
+        std::fs::create_dir(root.join("old/sub")).unwrap();
+        kept.check("/dev/old/sub", "a directory removed and made again");
+        kept.check("/dev/nowhere", "a listing of nothing");
+        kept.check("/dev/old/n9", "a listing of a node");
+    }
+
+    #[test]
+    fn nothing_is_kept_without_a_watcher_or_after_an_overflow() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir(root.join("many")).unwrap();
+        let mut kept = Kept::new(root);
+        kept.check("/dev/many", "the first listing");
+        assert_eq!(kept.kept_count(), 1);
+
+        // More events than the kernel queues (16,384 by default), none handed over: the
+        // overflow drops every listing, and the next is taken afresh.
+        let queued: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .map_or(16_384, |s| s.trim().parse().unwrap_or(16_384));
+        for i in 0..queued + 10 {
+            std::fs::write(root.join(format!("many/f{i}")), "").unwrap();
+        }
+        assert!(kept.deliver(), "the queue overflowed");
+        assert_eq!(kept.kept_count(), 0, "an overflow drops what was kept");
+        kept.check("/dev/many", "an overflow");
+        assert_eq!(kept.kept_count(), 1);
+
+        // The watcher gone: nothing is kept, and later changes are still seen.
+        kept.connected = None;
+        assert_eq!(kept.kept_count(), 0);
+        std::fs::remove_file(root.join("many/f0")).unwrap();
+        kept.check("/dev/many", "the watcher gone");
+        assert_eq!(kept.kept_count(), 0);
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Node(u8, u8),
+            Remove(u8, u8),
+            Chmod(u8, u8),
+            Rename(u8, u8, u8, u8),
+            List(u8),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            let d = 0u8..2;
+            let n = 0u8..6;
+            prop_oneof![
+                (d.clone(), n.clone()).prop_map(|(d, n)| Op::Node(d, n)),
+                (d.clone(), n.clone()).prop_map(|(d, n)| Op::Remove(d, n)),
+                (d.clone(), n.clone()).prop_map(|(d, n)| Op::Chmod(d, n)),
+                (d.clone(), n.clone(), d.clone(), n)
+                    .prop_map(|(a, b, c, e)| Op::Rename(a, b, c, e)),
+                d.prop_map(Op::List),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(crate::fuzz::config())]
+
+            /// Any sequence of changes in two directories, listed at any points in between: a
+            /// kept listing always equals a fresh one.
+            #[test]
+            fn kept_listings_equal_fresh_ones(ops in prop::collection::vec(op(), 1..40)) {
+                let tmp = tempfile::tempdir().unwrap();
+                let root = tmp.path();
+                for d in 0..2 {
+                    std::fs::create_dir(root.join(format!("d{d}"))).unwrap();
+                }
+                let mut kept = Kept::new(root);
+                let at = |d: u8, n: u8| root.join(format!("d{d}/e{n}"));
+                for op in &ops {
+                    // Failures (a name already taken, or absent) are changes not made.
+                    match *op {
+                        Op::Node(d, n) => mknod_if_absent(&at(d, n), n.into()),
+                        Op::Remove(d, n) => drop(std::fs::remove_file(at(d, n))),
+                        Op::Chmod(d, n) => drop(std::fs::set_permissions(
+                            at(d, n),
+                            std::os::unix::fs::PermissionsExt::from_mode(0o600 + u32::from(n)),
+                        )),
+                        Op::Rename(a, b, c, e) => drop(std::fs::rename(at(a, b), at(c, e))),
+                        Op::List(d) => kept.check(&format!("/dev/d{d}"), &format!("{ops:?}")),
+                    }
+                }
+                for d in 0..2 {
+                    kept.check(&format!("/dev/d{d}"), &format!("{ops:?}"));
+                }
+            }
+        }
+
+        fn mknod_if_absent(path: &Path, minor: u32) {
+            if std::fs::symlink_metadata(path).is_err() {
+                mknod(path, minor);
+            }
+        }
+    }
+}
