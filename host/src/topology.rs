@@ -180,7 +180,9 @@ impl Topology {
             let mut complete = true;
             for node in &info.nodes {
                 let path = node.host_path.as_str();
-                match looked_up.get(path).or_else(|| memo.recall(path)) {
+                // Most nodes are remembered (what was looked up above is remembered too, when
+                // it may be): the memo first.
+                match memo.recall(path).or_else(|| looked_up.get(path)) {
                     Some(Some(ids)) => numa.extend(ids.iter().copied()),
                     _ => complete = false,
                 }

@@ -50,7 +50,7 @@ impl Sizes {
             // first scans end just before all is listed: they come at 30 and 60 s; 8 s to spare).
             idle: Duration::from_secs(68),
             bulk_devices: 10_000,
-            bulk_cycles: 15,
+            bulk_cycles: 50,
             wasm_devices: 1000,
             wasm_cold: 20,
             wasm_warm: 40,
