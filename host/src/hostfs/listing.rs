@@ -195,8 +195,12 @@ impl Listings {
                 .iter()
                 .map(|n| (n.name.clone(), n.clone()))
                 .collect::<BTreeMap<_, _>>();
+            if listing.changed.is_empty() {
+                listing.nodes = Some(kept);
+                return listed;
+            }
             // Entries changed while it was listed: the listing may hold either state of them.
-            if !listing.changed.is_empty() && !patch(dir, &mut kept, &mut listing.changed) {
+            if !patch(dir, &mut kept, &mut listing.changed) {
                 state.by_watch.remove(&wd);
                 return listed;
             }
@@ -210,11 +214,13 @@ impl Listings {
     /// The watch of `dir`'s inode in the watcher's instance (placed if need be), when `dir`'s
     /// listing may be kept.
     fn watch(&self, dir: &Dir) -> Option<WatchDescriptor> {
+        let mut state = self.lock();
+        // No watcher (a host without one, or the tools that read a dev root once): not even
+        // the `fstat`.
+        let (watches, mask) = state.watcher.as_mut()?;
         if dir.dir_metadata().ok()?.dev() != self.root_dev {
             return None;
         }
-        let mut state = self.lock();
-        let (watches, mask) = state.watcher.as_mut()?;
         // The same inode watched twice in one instance is one watch: this returns the watch the
         // watcher already has when it watches this directory.
         let link = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
@@ -318,17 +324,11 @@ mod tests {
         }
     }
 
+    /// A device node where the tests may make one (root); a plain file stands in otherwise.
     fn mknod(path: &Path, minor: u32) {
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            path,
-            rustix::fs::FileType::CharacterDevice,
-            rustix::fs::Mode::from_raw_mode(0o660),
-            rustix::fs::makedev(240, minor),
-        )
-        .map_err(std::io::Error::from)
-        .or_else(|_| std::fs::write(path, ""))
-        .unwrap();
+        crate::testing::char_device(path, 240, minor, 0o660)
+            .or_else(|_| std::fs::write(path, ""))
+            .unwrap();
     }
 
     #[test]
