@@ -46,6 +46,8 @@ pub mod scanner;
 pub mod server;
 pub mod snapshot;
 pub mod status;
+#[cfg(test)]
+mod testing;
 pub mod topology;
 pub mod tree;
 pub mod units;

@@ -448,14 +448,7 @@ mod tests {
     fn remembered_answers_follow_a_reused_device_number() {
         let r = roots();
         let node = r.dev.root_path().join("card0");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &node,
-            rustix::fs::FileType::CharacterDevice,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            rustix::fs::makedev(226, 0),
-        )
-        .expect("mknod (tests run as root)");
+        crate::testing::char_device(&node, 226, 0, 0o600).expect("mknod (tests run as root)");
         let t = Topology::new(&r.sys);
         assert_eq!(t.node_numa("/dev/card0", &r.dev), Ok(BTreeSet::from([0])));
         // Another device now owns 226:0: the link moved, so the answer must too.

@@ -394,14 +394,7 @@ mod tests {
     use std::path::Path;
 
     fn mknod(path: &Path, minor: u32) {
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            path,
-            rustix::fs::FileType::CharacterDevice,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            rustix::fs::makedev(226, minor),
-        )
-        .expect("mknod (tests run as root)");
+        crate::testing::char_device(path, 226, minor, 0o600).expect("mknod (tests run as root)");
     }
 
     /// `n` devices `d<i>`, each with node `/dev/bulk/n<i>`.

@@ -138,14 +138,44 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
+    poll(timeout, what, || {
+        let checked = check();
+        async { checked.await.ok_or_else(String::new) }
+    })
+    .await
+}
+
+/// [`eventually`] of a state whose absence says something: `check` gives what it saw instead
+/// (`Err`), and a timeout's message ends with the last of it.
+pub async fn eventually_showing<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    poll(EVENT_TIMEOUT, what, check).await
+}
+
+/// Polls `check` every 50 ms until it gives a value, failing the test after `timeout` with what
+/// it gave last (when it said anything).
+async fn poll<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(value) = check().await {
-            return value;
-        }
+        let seen = match check().await {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
         assert!(
             tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            if seen.is_empty() {
+                String::new()
+            } else {
+                format!("; last seen:\n{seen}")
+            }
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -26,7 +26,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
 use wdp_tests::write_renamed;
-use wdp_tests::{eventually, eventually_within, guest, resolve_cdi};
+use wdp_tests::{eventually, eventually_showing, eventually_within, guest, resolve_cdi};
 
 const DRIVER: &str = "devices.example.com";
 const NODE: &str = "node-1";
@@ -392,28 +392,20 @@ async fn not_ready_for(
     let mut seen = Seen::new(observed);
     let (host, addr) = with_metrics(f, config, &plugins).await;
     seen.devices("net.example.com/kvm", &["kvm-0"]).await;
-    // Polled as `eventually` does, with what /readyz said last and the host's log in the
-    // failure message.
-    let deadline = Instant::now() + wdp_tests::EVENT_TIMEOUT;
-    let mut last = String::new();
-    let body = loop {
-        if let Ok((code, body)) = http_get(&addr, "/readyz").await {
-            assert_eq!(code, 503, "ready though it should not be: {body}");
-            // The device-plugin scanner's resource registers meanwhile: then only the driver
-            // is left.
-            if body.contains(reason) && !body.contains("net.example.com") {
-                break body;
-            }
-            last = body;
+    let body = eventually_showing(&format!("/readyz with {reason:?}"), || async {
+        let (code, body) = http_get(&addr, "/readyz")
+            .await
+            .map_err(|e| e.to_string())?;
+        assert_eq!(code, 503, "ready though it should not be: {body}");
+        // The device-plugin scanner's resource registers meanwhile: then only the driver is
+        // left.
+        if body.contains(reason) && !body.contains("net.example.com") {
+            Ok(body)
+        } else {
+            Err(format!("/readyz said:\n{body}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz did not say {reason:?} within {:?}; it said last:\n{last}\nhost log:\n{}",
-            wdp_tests::EVENT_TIMEOUT,
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(body.lines().count(), 2, "{body}");
     (host, dp_kubelet)
 }

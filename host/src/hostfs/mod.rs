@@ -432,14 +432,7 @@ mod tests {
         std::os::unix::fs::symlink("dri", dev.join("inside")).unwrap();
         // Device nodes where the tests may make them (root); plain files stand in otherwise.
         for (rel, minor) in [("dri/card0", 0), ("net/tun", 200)] {
-            let made = rustix::fs::mknodat(
-                rustix::fs::CWD,
-                dev.join(rel),
-                rustix::fs::FileType::CharacterDevice,
-                rustix::fs::Mode::from_raw_mode(0o660),
-                rustix::fs::makedev(226, minor),
-            );
-            if made.is_err() {
+            if crate::testing::char_device(&dev.join(rel), 226, minor, 0o660).is_err() {
                 std::fs::write(dev.join(rel), "").unwrap();
             }
         }
