@@ -46,7 +46,7 @@ const HEALTH_REFRESH: Duration = Duration::from_secs(10);
 /// Why a DRA driver could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DraError {
-    /// The in-cluster API server configuration is missing or unreadable.
+    /// The API server configuration (in-cluster or a kubeconfig) is missing or unusable.
     #[error("DRA driver {driver}: the API server: {source}")]
     Api {
         /// The driver.
@@ -90,6 +90,11 @@ impl DraDriver {
                 source,
             })?,
             ApiServer::Http(addr) => ApiClient::http(addr),
+            ApiServer::Kubeconfig(ref file) => ApiClient::from_kubeconfig(file.as_deref())
+                .map_err(|source| DraError::Api {
+                    driver: driver.clone(),
+                    source,
+                })?,
         };
         let endpoints = Endpoints {
             driver: driver.clone(),

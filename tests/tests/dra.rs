@@ -757,3 +757,75 @@ async fn slices_come_back_after_kubelet_wipes_them_and_after_a_lost_watch_event(
     drop(seen);
     dp_kubelet.stop().await;
 }
+
+/// Outside a pod: `api-server: kubeconfig:PATH` (relative to the config file) reaches an API
+/// server over TLS, trusting the kubeconfig's CA and authenticated by its client certificate
+/// (the stand-in wants a token it is never given, so only the certificate can authenticate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubeconfig_with_a_client_certificate_reaches_a_tls_api_server() {
+    use base64::Engine as _;
+    use wdp_dra::apiserver::standin::Options as ApiOptions;
+    const TESTDATA: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../crates/dra/src/apiserver/testdata"
+    );
+    let read = |name: &str| std::fs::read(Path::new(TESTDATA).join(name)).unwrap();
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let dirs = KubeletDirs::new(&f);
+    let api = ApiServerStandIn::start_with(ApiOptions {
+        tls: Some((read("cert.pem"), read("key.pem"))),
+        token: Some("never-sent".into()),
+        client_ca: Some(read("client-ca.pem")),
+        ..ApiOptions::default()
+    })
+    .await
+    .expect("the TLS API server stand-in");
+    let config = config(&f, &dirs, &api);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let with_kubeconfig = text.replace(
+        &format!("api-server: http://{}", api.addr()),
+        "api-server: kubeconfig:kube/config",
+    );
+    assert_ne!(with_kubeconfig, text);
+    std::fs::create_dir_all(config.parent().unwrap().join("kube")).unwrap();
+    std::fs::write(
+        config.parent().unwrap().join("kube/config"),
+        format!(
+            "apiVersion: v1
+kind: Config
+current-context: node
+clusters:
+- name: test
+  cluster:
+    server: https://127.0.0.1:{port}
+    certificate-authority-data: {ca}
+users:
+- name: node-1
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: node
+  context: {{cluster: test, user: node-1}}
+",
+            port = api.addr().port(),
+            ca = b64(&read("cert.pem")),
+            cert = b64(&read("client-cert.pem")),
+            key = b64(&read("client-key.pem")),
+        ),
+    )
+    .unwrap();
+    write_renamed(&config, &with_kubeconfig);
+
+    let (kubelet, dp_kubelet, _seen, host) =
+        serve_registered(&f, &dirs, &api, &config, KubeletOptions::default()).await;
+    assert!(api.by_certificate() > 0);
+    assert_eq!(api.unauthorized(), 0);
+
+    assert!(host.terminate().await.success());
+    kubelet.stop();
+    dp_kubelet.stop().await;
+}
