@@ -38,6 +38,7 @@ pub mod http;
 mod layering;
 pub mod manager;
 pub mod metrics;
+pub mod mounts;
 pub mod policy;
 pub(crate) mod preferred;
 pub mod sandbox;

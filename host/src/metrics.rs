@@ -239,6 +239,7 @@ pub struct Metrics {
     registry: Registry,
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
     last_reload_ok: Gauge,
+    writable_mounts: Family<[(&'static str, &'static str); 1], Gauge>,
 }
 
 impl fmt::Debug for Metrics {
@@ -275,12 +276,28 @@ impl Metrics {
             "1 if the last config reload succeeded (or none was tried), 0 if it was refused",
             last_reload_ok.clone(),
         );
+        let writable_mounts = Family::<[(&'static str, &'static str); 1], Gauge>::default();
+        let _ = writable_mounts.get_or_create(&[("root", "sys")]);
+        let _ = writable_mounts.get_or_create(&[("root", "dev")]);
+        registry.register(
+            "host_writable_mounts",
+            "Mounts at or under the sys or dev root (--sys-root, --dev-root) that are not read-only, as /proc/self/mountinfo showed them at start; 0 when the root is read-only all the way down",
+            writable_mounts.clone(),
+        );
         registry.register_collector(Box::new(LiveCollector(live)));
         Metrics {
             registry,
             reloads,
             last_reload_ok,
+            writable_mounts,
         }
+    }
+
+    /// `count` mounts at or under the root `root` (`sys` or `dev`) are writable.
+    pub fn writable_mounts(&self, root: &'static str, count: usize) {
+        self.writable_mounts
+            .get_or_create(&[("root", root)])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// A config reload was applied.

@@ -84,6 +84,8 @@ impl Live for Arc<Shared> {
 struct State {
     /// The first config has been applied: until then the set of scanners is not known yet.
     loaded: bool,
+    /// What [`Observability::writable_mounts`] was told.
+    writable_mounts: Vec<String>,
     scanners: BTreeMap<Arc<str>, ScannerEntry>,
     resources: BTreeMap<Arc<str>, ResourceEntry>,
 }
@@ -154,6 +156,10 @@ pub struct StatusReport {
     pub not_ready: Vec<String>,
     /// Every scanner, by name.
     pub scanners: Vec<ScannerReport>,
+    /// Mounts at or under the sys and dev roots that are not read-only, as `path (fstype)`
+    /// (see [`crate::mounts`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable_mounts: Vec<String>,
 }
 
 /// One scanner in `/status`.
@@ -332,7 +338,17 @@ impl Observability {
             ready: not_ready.is_empty(),
             not_ready,
             scanners,
+            writable_mounts: state.writable_mounts.clone(),
         }
+    }
+
+    /// The writable mounts at or under each root (`sys`, `dev`), as [`crate::mounts::check`]
+    /// found them: in `/status` and `wdp_host_writable_mounts`.
+    pub fn writable_mounts(&self, found: &[(&'static str, Vec<String>)]) {
+        for (root, mounts) in found {
+            self.inner.metrics.writable_mounts(root, mounts.len());
+        }
+        self.state().writable_mounts = found.iter().flat_map(|(_, m)| m.clone()).collect();
     }
 
     /// `/metrics`, in the OpenMetrics text format.

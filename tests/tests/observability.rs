@@ -685,3 +685,114 @@ async fn a_reload_takes_a_removed_scanner_out_and_counts_refusals() {
     assert!(status.success(), "exit status {status}");
     kubelet.stop().await;
 }
+
+/// The sys root as a runtime without recursive read-only mounts leaves `/host/sys` (containerd
+/// 1.6 with `recursiveReadOnly: IfPossible`): a read-only bind whose sub-mount (cgroupfs there,
+/// a tmpfs here) stays writable. Made in the child's own mount namespace before it execs wdp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_mount_under_a_read_only_sys_root_is_warned_of_and_reported() {
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    f.sys_dir("fs/cgroup");
+    let sys = std::fs::canonicalize(f.sys()).unwrap();
+    let cgroup = sys.join("fs/cgroup");
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n",
+        guest("kvm").display()
+    ));
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+
+    let mut cmd = tokio::process::Command::new(wdp_tests::wdp_bin());
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--sys-root")
+        .arg(&sys)
+        .arg("--dev-root")
+        .arg(f.dev())
+        .arg("--compile-cache")
+        .arg(f.path().join("compiled"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("RUST_LOG", "info");
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (sys_c, cgroup_c) = (c(&sys), c(&cgroup));
+    // SAFETY: raw syscalls only, on strings prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+            rustix::mount::mount_change(
+                c"/",
+                MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+            )?;
+            rustix::mount::mount(c"tmpfs", &cgroup_c, c"tmpfs", MountFlags::empty(), None)?;
+            // A recursive bind made read-only at its top only, as `readOnly: true` alone is.
+            rustix::mount::mount_bind_recursive(&sys_c, &sys_c)?;
+            rustix::mount::mount_remount(&sys_c, MountFlags::BIND | MountFlags::RDONLY, c"")?;
+            Ok(())
+        });
+    }
+    let host = Host::spawn(&mut cmd, &f.path().join("wdp-run.log")).expect("start wdp run");
+    seen.all_listed(&["devices.example.com/kvm"]).await;
+
+    let writable = format!("{} (tmpfs)", cgroup.display());
+    let log = eventually("the warning in the host's log", || async {
+        let log = strip_ansi(&host.log());
+        log.lines()
+            .find(|l| l.contains("WARN") && l.contains("mounts under it are writable"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(
+        log.contains(&writable) && log.contains("recursiveReadOnly"),
+        "{log}"
+    );
+    let addr = {
+        let log = strip_ansi(&host.log());
+        let line = log
+            .lines()
+            .find(|l| l.contains("serving /metrics"))
+            .expect("the metrics address in the log")
+            .to_owned();
+        line.split("addr=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        must(
+            &metrics(&addr).await,
+            "wdp_host_writable_mounts{root=\"sys\"}"
+        ),
+        1.0
+    );
+    let (code, body) = get(&addr, "/status").await;
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let listed: Vec<&str> = status["writable_mounts"]
+        .as_array()
+        .expect("writable_mounts in /status")
+        .iter()
+        .filter_map(|m| m.as_str())
+        .collect();
+    assert!(listed.contains(&writable.as_str()), "{listed:?}");
+    assert!(
+        !listed
+            .iter()
+            .any(|m| m.starts_with(&format!("{} (", sys.display()))),
+        "the sys root itself is read-only: {listed:?}"
+    );
+
+    host.terminate().await;
+    kubelet.stop().await;
+}
