@@ -829,3 +829,49 @@ contexts:
     kubelet.stop();
     dp_kubelet.stop().await;
 }
+
+/// A kubeconfig whose user runs a credential plugin: the driver does not start, and `/readyz`
+/// names the file, the user, the field and what is supported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubeconfig_with_an_exec_user_is_refused_on_readyz() {
+    let (f, dirs, api, config) = setup().await;
+    let kubeconfig = f.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "current-context: eks
+clusters:
+- name: prod
+  cluster: {{server: 'https://{addr}', insecure-skip-tls-verify: true}}
+users:
+- name: admin
+  user:
+    exec: {{apiVersion: client.authentication.k8s.io/v1beta1, command: aws, args: [eks, get-token]}}
+contexts:
+- name: eks
+  context: {{cluster: prod, user: admin}}
+",
+            addr = api.addr()
+        ),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    let with_kubeconfig = text.replace(
+        &format!("http://{}", api.addr()),
+        &format!("kubeconfig:{}", kubeconfig.display()),
+    );
+    assert_ne!(with_kubeconfig, text);
+    std::fs::write(&config, with_kubeconfig).unwrap();
+    let (host, dp_kubelet) = not_ready_for(
+        &f,
+        &config,
+        &format!(
+            "scanner kvm: DRA driver devices.example.com: the API server: kubeconfig {}: user \"admin\" (context \"eks\"): exec: credential plugins are not run; supported: token, tokenFile, client-certificate(-data) with client-key(-data)",
+            kubeconfig.display()
+        ),
+    )
+    .await;
+    assert!(!dirs.registry.join(format!("{DRIVER}-reg.sock")).exists());
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
