@@ -925,6 +925,46 @@ mod tests {
         assert!(err.starts_with("no kubeconfig: none of the files"), "{err}");
     }
 
+    /// A server behind a path (a proxy serving several clusters): every request goes below it.
+    #[tokio::test]
+    async fn requests_go_below_the_servers_path() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = kubeconfig(
+            dir.path(),
+            &format!(
+                "    server: http://{}/k8s/clusters/c-1/",
+                listener.local_addr().unwrap()
+            ),
+            "    token: secret",
+        );
+        let client = ApiClient::from_kubeconfig(Some(&config)).unwrap();
+        let call = tokio::spawn(async move { client.list("node-1", "gpu.example.com").await });
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8];
+            if conn.read(&mut byte).await.unwrap() == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(
+            head.starts_with(
+                "GET /k8s/clusters/c-1/apis/resource.k8s.io/v1/resourceslices?fieldSelector="
+            ),
+            "{head}"
+        );
+        assert!(
+            head.contains("\r\nauthorization: Bearer secret\r\n"),
+            "{head}"
+        );
+        drop(conn);
+        assert!(call.await.unwrap().is_err());
+    }
+
     #[test]
     fn servers_with_a_path_ipv6_and_default_ports() {
         let dir = tempfile::tempdir().unwrap();
