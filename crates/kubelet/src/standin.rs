@@ -129,6 +129,8 @@ struct Plugin {
     cut: CancellationToken,
     /// Set when its stream ended: kubelet's endpoint `stopTime`.
     stopped: bool,
+    /// When it was stopped, for the grace period after which kubelet forgets it.
+    stopped_at: Option<std::time::Instant>,
     /// The devices of the stream's last list, by id: their health as kubelet keeps it.
     health: HashMap<String, String>,
 }
@@ -252,6 +254,31 @@ impl StandIn {
     /// "Unhealthy" for every device once the endpoint stopped.
     pub fn health(&self, resource: &str, id: &str) -> Option<String> {
         self.plugins().get(resource)?.health.get(id).cloned()
+    }
+
+    /// What kubelet's device manager reports for the Node's status (`GetCapacity` in
+    /// `pkg/kubelet/cm/devicemanager/manager.go`): per registered resource, capacity (every
+    /// device) and allocatable (the healthy ones; none once its endpoint stopped); a resource
+    /// whose endpoint stopped `grace` or longer ago ([`crate::nodestatus::ENDPOINT_STOP_GRACE`]
+    /// in kubelet) is forgotten and reported removed, once.
+    pub fn capacity(&self, grace: std::time::Duration) -> crate::nodestatus::DeviceCapacity {
+        let mut out = crate::nodestatus::DeviceCapacity::default();
+        self.plugins().retain(|name, p| {
+            if p.stopped_at.is_some_and(|at| at.elapsed() >= grace) {
+                out.removed.push(name.clone());
+                return false;
+            }
+            let healthy = p.health.values().filter(|h| *h == "Healthy").count();
+            out.capacity.insert(
+                name.clone(),
+                i64::try_from(p.health.len()).unwrap_or(i64::MAX),
+            );
+            out.allocatable
+                .insert(name.clone(), i64::try_from(healthy).unwrap_or(i64::MAX));
+            true
+        });
+        out.removed.sort();
+        out
     }
 
     /// Ends `resource`'s ListAndWatch stream from kubelet's side, as a failed connection does;
@@ -525,6 +552,7 @@ impl Registration for RegistrationService {
                     stream,
                     cut: cut.clone(),
                     stopped: false,
+                    stopped_at: None,
                     health: HashMap::new(),
                 },
             );
@@ -599,6 +627,7 @@ async fn watch(
     }
     plugin(&mut |p| {
         p.stopped = true;
+        p.stopped_at = Some(std::time::Instant::now());
         p.health.values_mut().for_each(|h| *h = "Unhealthy".into());
     });
     let _ = observed.send(Observed::StreamEnded {
