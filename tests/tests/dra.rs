@@ -399,7 +399,7 @@ async fn a_refused_registration_is_on_readyz() {
 
     // Refused again (a new kubelet): withdrawn, and not published again.
     kubelet.stop();
-    let kubelet = refusing();
+    let _kubelet = refusing();
     // One withdrawal per refusal: the first kubelet's, then this one's.
     host.logged("ResourceSlices withdrawn", 2).await;
     // The absence of a republish, which a running publisher does within milliseconds of the
