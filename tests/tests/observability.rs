@@ -789,3 +789,45 @@ async fn kubelet_restarts_are_not_counted_as_lost_streams() {
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
+
+/// kubelet answering the registration with an error: wdp logs kubelet's reason, counts it,
+/// keeps it on `/readyz`, and retries until kubelet takes the resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_kubelet_refuses_is_on_readyz_with_kubelets_reason() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}\n",
+        guest("kvm").display()
+    ));
+    let kvm = "devices.example.com/kvm";
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+    let reason = "no more device plugins on this node";
+    kubelet.refuse(Some(reason.into()));
+    let mut seen = Seen::new(observed);
+    let (host, addr) = start(&f, &config, &plugins).await;
+    let line =
+        format!("resource {kvm}: not registered with kubelet: registration failed: {reason}");
+    eventually(&format!("/readyz with {line:?}"), || async {
+        let (code, body) = get(&addr, "/readyz").await;
+        (code == 503 && body.contains(&line)).then_some(())
+    })
+    .await;
+    let failures = format!("wdp_resource_registration_failures_total{{resource=\"{kvm}\"}}");
+    assert!(must(&metrics(&addr).await, &failures) >= 1.0);
+    let log = strip_ansi(&host.log());
+    assert!(
+        log.contains("registration failed; retrying") && log.contains(reason),
+        "{log}"
+    );
+
+    kubelet.refuse(None);
+    seen.devices(kvm, &["kvm-0"]).await;
+    eventually("ready", || async {
+        (get(&addr, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
