@@ -84,6 +84,9 @@ pub struct ScannerMetrics {
     hooks: [Histogram; 3],
     /// When the running instance last woke up and has not notified since.
     woke: Mutex<Option<Instant>>,
+    /// The DRA driver the scanner is served as, and 1 while kubelet has it registered; None for
+    /// a scanner served through device plugins.
+    dra: Mutex<Option<(String, Gauge)>>,
 }
 
 impl Default for ScannerMetrics {
@@ -97,6 +100,7 @@ impl Default for ScannerMetrics {
             scan_duration: Histogram::new(SCAN_BUCKETS),
             hooks: Hook::ALL.map(|_| Histogram::new(CALL_BUCKETS)),
             woke: Mutex::new(None),
+            dra: Mutex::new(None),
         }
     }
 }
@@ -156,6 +160,13 @@ impl ScannerMetrics {
         self.memory.get()
     }
 
+    /// The scanner is served as DRA driver `driver`, which kubelet has `registered` or not.
+    pub fn dra_registered(&self, driver: &str, registered: bool) {
+        let mut dra = self.dra.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, gauge) = dra.get_or_insert_with(|| (driver.to_owned(), Gauge::default()));
+        gauge.set(i64::from(registered));
+    }
+
     /// One call of `hook` took `elapsed`.
     pub fn hook_called(&self, hook: Hook, elapsed: Duration) {
         let index = Hook::ALL.iter().position(|h| *h == hook).unwrap_or(0);
@@ -175,6 +186,8 @@ pub struct ResourceMetrics {
     preferred_fallbacks: Counter,
     /// kubelet's ListAndWatch stream ended while both sides kept running: registered again.
     stream_losses: Counter,
+    /// Registrations kubelet answered with an error (or not in time).
+    registration_failures: Counter,
 }
 
 impl Default for ResourceMetrics {
@@ -187,6 +200,7 @@ impl Default for ResourceMetrics {
             unhealthy: Gauge::default(),
             preferred_fallbacks: Counter::default(),
             stream_losses: Counter::default(),
+            registration_failures: Counter::default(),
         }
     }
 }
@@ -211,6 +225,11 @@ impl ResourceMetrics {
     /// kubelet's ListAndWatch stream ended while it kept running; the resource registers again.
     pub fn stream_lost(&self) {
         self.stream_losses.inc();
+    }
+
+    /// kubelet answered a registration of the resource with an error; it is retried.
+    pub fn registration_failed(&self) {
+        self.registration_failures.inc();
     }
 
     /// The resource now lists these many devices.
@@ -399,6 +418,24 @@ fn scanner_families(
             .iter()
             .map(|(name, m)| ([("scanner", *name)], &m.scan_duration)),
     )?;
+    let dra: Vec<([(&str, String); 2], Gauge)> = scanners
+        .iter()
+        .filter_map(|(name, m)| {
+            let dra = m.dra.lock().unwrap_or_else(|p| p.into_inner());
+            let (driver, gauge) = dra.as_ref()?;
+            Some((
+                [("scanner", name.to_string()), ("driver", driver.clone())],
+                gauge.clone(),
+            ))
+        })
+        .collect();
+    family(
+        e,
+        "dra_driver_registered",
+        "1 while kubelet has the scanner's DRA driver registered, 0 while it has not called, not answered or refused the registration (/readyz says which).",
+        None,
+        dra.iter().map(|(labels, gauge)| (labels.clone(), gauge)),
+    )?;
     family(
         e,
         "hook_call_duration",
@@ -465,11 +502,20 @@ fn resource_families(
     family(
         e,
         "resource_stream_losses",
-        "kubelet's ListAndWatch stream for the resource ended while wdp and kubelet kept running; each one is followed by a new registration.",
+        "kubelet's ListAndWatch stream for the resource ended while wdp and kubelet kept running; each one is followed by a new registration. A stream that ends because kubelet stopped is not counted.",
         None,
         resources
             .iter()
             .map(|(name, m)| ([("resource", *name)], &m.stream_losses)),
+    )?;
+    family(
+        e,
+        "resource_registration_failures",
+        "Registrations of the resource kubelet answered with an error or not in time; each is retried with a backoff, and the last reason is on /readyz.",
+        None,
+        resources
+            .iter()
+            .map(|(name, m)| ([("resource", *name)], &m.registration_failures)),
     )
 }
 

@@ -109,6 +109,9 @@ struct ResourceEntry {
     owner: u64,
     metrics: ResourceMetrics,
     registered: bool,
+    /// kubelet's answer to the last registration, when it was an error; cleared by the next
+    /// accepted one.
+    refused: Option<String>,
     healthy: usize,
     unhealthy: usize,
 }
@@ -280,9 +283,15 @@ impl Observability {
             }
         }
         for (name, r) in &state.resources {
-            if !r.registered {
-                reasons.push(format!("resource {name}: not registered with kubelet"));
+            if r.registered {
+                continue;
             }
+            reasons.push(match &r.refused {
+                Some(reason) => {
+                    format!("resource {name}: not registered with kubelet: registration failed: {reason}")
+                }
+                None => format!("resource {name}: not registered with kubelet"),
+            });
         }
         if reasons.is_empty() {
             Ok(())
@@ -438,6 +447,7 @@ impl ScannerHandle {
                 owner: self.id,
                 metrics: metrics.clone(),
                 registered: false,
+                refused: None,
                 healthy: 0,
                 unhealthy: 0,
             },
@@ -533,7 +543,17 @@ impl ResourceHandle {
 /// Allocate calls into `/metrics`.
 impl ServerReport for ResourceHandle {
     fn registered(&self, registered: bool) {
-        self.update(|r| r.registered = registered);
+        self.update(|r| {
+            r.registered = registered;
+            if registered {
+                r.refused = None;
+            }
+        });
+    }
+
+    fn registration_failed(&self, reason: &str) {
+        self.metrics.registration_failed();
+        self.update(|r| r.refused = Some(reason.to_owned()));
     }
 
     fn stream_lost(&self) {
@@ -615,6 +635,16 @@ mod tests {
         assert_eq!(reasons.len(), 2, "{reasons:?}");
         assert!(reasons[0].starts_with("scanner serial: its tree was refused: "));
         assert_eq!(reasons[1], "resource ns/kvm: not registered with kubelet");
+        // kubelet answers with an error: its reason, until a registration goes through.
+        r.registration_failed("the ResourceName \"ns/kvm\" is invalid");
+        assert_eq!(
+            obs.readiness().unwrap_err()[1],
+            "resource ns/kvm: not registered with kubelet: registration failed: the ResourceName \"ns/kvm\" is invalid"
+        );
+        assert!(
+            obs.metrics_text()
+                .contains("wdp_resource_registration_failures_total{resource=\"ns/kvm\"} 1\n")
+        );
         r.registered(true);
         serial.event(&ScannerEvent::Tree(Arc::default()));
         assert_eq!(obs.readiness(), Ok(()));
@@ -630,9 +660,12 @@ mod tests {
         assert_eq!((k.name.as_str(), k.state), ("kvm", Phase::Serving));
         assert_eq!((k.resources[0].healthy, k.resources[0].unhealthy), (2, 1));
         assert_eq!(report.scanners[1].state, Phase::Restarting);
-        // kubelet goes away.
+        // kubelet goes away: not registered, and no refusal left from before.
         r.registered(false);
-        assert!(obs.readiness().is_err());
+        assert_eq!(
+            obs.readiness().unwrap_err(),
+            ["resource ns/kvm: not registered with kubelet"]
+        );
     }
 
     #[test]

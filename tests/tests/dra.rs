@@ -358,23 +358,119 @@ async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, Stri
     (host, addr)
 }
 
-/// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason.
+/// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason,
+/// and nothing is published (kubelet would neither prepare the devices nor delete the slices);
+/// a kubelet that registers the driver gets its slices, and one that refuses it after has them
+/// withdrawn (its start-up wipe is not repaired).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_registration_is_on_readyz() {
     let (f, dirs, api, config) = setup().await;
-    let kubelet = KubeletStandIn::start_refusing(
-        &dirs.registry,
-        &api,
-        NODE,
-        Some("driver name already registered".into()),
+    let refusing = || {
+        KubeletStandIn::start_refusing(
+            &dirs.registry,
+            &api,
+            NODE,
+            Some("driver name already registered".into()),
+        )
+    };
+    let kubelet = refusing();
+    let refused = "scanner kvm: DRA driver devices.example.com: kubelet refused the registration: driver name already registered";
+    let (host, dp_kubelet) = not_ready_for(&f, &config, refused).await;
+    assert!(kubelet.registrations(DRIVER) >= 1);
+    assert_eq!(
+        published(&api),
+        Vec::<(String, String)>::new(),
+        "nothing published for a refused driver"
     );
-    let (host, dp_kubelet) = not_ready_for(
-        &f,
-        &config,
-        "scanner kvm: DRA driver devices.example.com: kubelet refused the registration: driver name already registered",
+    assert!(
+        host.log().contains("kubelet refused the DRA driver"),
+        "{}",
+        host.log()
+    );
+
+    // A kubelet that registers it: published.
+    kubelet.stop();
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+
+    // Refused again (a new kubelet): withdrawn, and not published again.
+    kubelet.stop();
+    let _kubelet = refusing();
+    // One withdrawal per refusal: the first kubelet's, then this one's.
+    host.logged("ResourceSlices withdrawn", 2).await;
+    // The absence of a republish, which a running publisher does within milliseconds of the
+    // start-up wipe's watch event: looked at for two seconds.
+    for _ in 0..40 {
+        assert_eq!(
+            published(&api),
+            Vec::<(String, String)>::new(),
+            "a refused driver's slices published again"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(host.terminate().await.success());
+    dp_kubelet.stop().await;
+}
+
+/// A driver kubelet never calls (no kubelet, or one not watching this registry directory) is
+/// loud: after the bound, a warning naming the registration socket and what to check, the reason
+/// on /readyz, the registration metric at 0; nothing is published before kubelet registers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_kubelet_never_calls_is_warned_about_and_publishes_nothing() {
+    let (f, dirs, api, config) = setup().await;
+    let plugins = f.plugin_dir();
+    let (dp_kubelet, observed) =
+        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+    let socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
+    let reason = format!(
+        "scanner kvm: DRA driver {DRIVER}: kubelet has not called GetInfo on {} within 10s",
+        socket.display()
+    );
+    eventually_within(
+        Duration::from_secs(60),
+        &format!("/readyz with {reason:?}"),
+        || async {
+            let (code, body) = http_get(&addr, "/readyz").await.ok()?;
+            (code == 503 && body.contains(&reason)).then_some(())
+        },
     )
     .await;
-    assert!(kubelet.registrations(DRIVER) >= 1);
+    let log = host.log();
+    assert!(
+        log.contains("kubelet has not called GetInfo on the DRA registration socket")
+            && log.contains(&socket.display().to_string()),
+        "{log}"
+    );
+    let registered = format!("wdp_dra_driver_registered{{scanner=\"kvm\",driver=\"{DRIVER}\"}}");
+    let (_, metrics) = http_get(&addr, "/metrics").await.unwrap();
+    assert!(metrics.contains(&format!("{registered} 0\n")), "{metrics}");
+    assert_eq!(
+        published(&api),
+        Vec::<(String, String)>::new(),
+        "nothing published before a registration"
+    );
+
+    // kubelet comes: registered, published, ready.
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    until_published(&api, &["kvm-0", "kvm-1"]).await;
+    eventually("ready", || async {
+        let (code, _) = http_get(&addr, "/readyz").await.ok()?;
+        (code == 200).then_some(())
+    })
+    .await;
+    let (_, metrics) = http_get(&addr, "/metrics").await.unwrap();
+    assert!(metrics.contains(&format!("{registered} 1\n")), "{metrics}");
     assert!(host.terminate().await.success());
     dp_kubelet.stop().await;
 }

@@ -569,7 +569,11 @@ fn parse_table(section: &str) -> Result<BTreeMap<String, Family>, String> {
 async fn readme_metrics_table_matches_what_the_host_exports() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
-    // A scanner with a hook and a served resource: every family then has a series.
+    // A scanner with a hook and a served resource, and one served through DRA: every family
+    // then has a series.
+    let api = wdp_dra::apiserver::standin::ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
     let config = f.write_config(&format!(
         "scanners:
   - name: kvm
@@ -577,16 +581,36 @@ async fn readme_metrics_table_matches_what_the_host_exports() {
     post-allocator: {hooks}
     namespace: devices.example.com
     env: {{ HOOK_MODE: renumber }}
+  - name: kvm-dra
+    component: {kvm}
+    namespace: dra.example.com
+    cdi: {{ dir: {cdi} }}
+    frontend: dra
+node:
+  name: node-1
+  plugins-dir: {kubelet}/plugins
+  plugins-registry-dir: {kubelet}/plugins_registry
+  api-server: http://{addr}
 ",
         kvm = guest("kvm").display(),
         hooks = guest("test_hooks").display(),
+        cdi = f.path().join("cdi").display(),
+        kubelet = f.path().join("kubelet").display(),
+        addr = api.addr(),
     ));
     let plugins = f.plugin_dir();
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let (host, addr) = start(&f, &config, &plugins).await;
     seen.all_listed(&["devices.example.com/kvm"]).await;
-    let exported = families(&metrics(&addr).await);
+    let scrape = eventually("the DRA driver's series", || async {
+        let scrape = metrics(&addr).await;
+        scrape
+            .contains("wdp_dra_driver_registered{")
+            .then_some(scrape)
+    })
+    .await;
+    let exported = families(&scrape);
     host.terminate().await;
     kubelet.stop().await;
 
@@ -794,5 +818,124 @@ async fn a_writable_mount_under_a_read_only_sys_root_is_warned_of_and_reported()
     );
 
     host.terminate().await;
+/// kubelet restarting as a real one does, stopped (SIGTERM) and then killed: its `kubelet.sock`
+/// stays in place, refusing connections, until the next kubelet starts. The ListAndWatch stream
+/// that ends with it is no lost stream: `wdp_resource_stream_losses_total` stays 0, the log says
+/// so at info level (no "registration failed", no "kubelet refused"), and each kubelet start is
+/// followed by one registration. A stream cut while kubelet runs still counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restarts_are_not_counted_as_lost_streams() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}\n",
+        guest("kvm").display()
+    ));
+    let kvm = "devices.example.com/kvm";
+    let losses = "wdp_resource_stream_losses_total{resource=\"devices.example.com/kvm\"}";
+    let plugins = f.plugin_dir();
+    let (mut kubelet, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = start(&f, &config, &plugins).await;
+    seen.devices(kvm, &["kvm-0"]).await;
+    let ready = |want: u16| {
+        let addr = addr.clone();
+        async move {
+            eventually(&format!("/readyz answering {want}"), || async {
+                (get(&addr, "/readyz").await.0 == want).then_some(())
+            })
+            .await
+        }
+    };
+    ready(200).await;
+
+    for killed in [false, true] {
+        if killed {
+            kubelet.crash().await;
+        } else {
+            kubelet.stop().await;
+        }
+        assert!(
+            plugins.join("kubelet.sock").exists(),
+            "kubelet leaves its socket"
+        );
+        // wdp saw kubelet go before the next one comes.
+        ready(503).await;
+        let (k, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+        kubelet = k;
+        seen = Seen::new(observed);
+        seen.devices(kvm, &["kvm-0"]).await;
+        ready(200).await;
+        assert_eq!(must(&metrics(&addr).await, losses), 0.0, "killed: {killed}");
+        assert_eq!(seen.registrations(kvm), 1, "killed: {killed}");
+    }
+    let log = strip_ansi(&host.log());
+    assert_eq!(
+        log.matches("kubelet stopped (its socket refuses connections)")
+            .count(),
+        2,
+        "{log}"
+    );
+    for wrong in [
+        "registration failed",
+        "kubelet refused",
+        "stream ended while it kept running",
+    ] {
+        assert!(!log.contains(wrong), "{wrong:?} in:\n{log}");
+    }
+
+    // A stream kubelet drops while it runs is a loss, and one registration.
+    assert!(kubelet.cut_stream(kvm));
+    seen.until("registered again after a cut", |s| {
+        s.registrations(kvm) >= 2
+    })
+    .await;
+    seen.devices(kvm, &["kvm-0"]).await;
+    assert_eq!(must(&metrics(&addr).await, losses), 1.0);
+    // Nothing more registered meanwhile: one registration for the start, one for the cut.
+    assert_eq!(seen.registrations(kvm), 2);
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// kubelet answering the registration with an error: wdp logs kubelet's reason, counts it,
+/// keeps it on `/readyz`, and retries until kubelet takes the resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_kubelet_refuses_is_on_readyz_with_kubelets_reason() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}\n",
+        guest("kvm").display()
+    ));
+    let kvm = "devices.example.com/kvm";
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+    let reason = "no more device plugins on this node";
+    kubelet.refuse(Some(reason.into()));
+    let mut seen = Seen::new(observed);
+    let (host, addr) = start(&f, &config, &plugins).await;
+    let line =
+        format!("resource {kvm}: not registered with kubelet: registration failed: {reason}");
+    eventually(&format!("/readyz with {line:?}"), || async {
+        let (code, body) = get(&addr, "/readyz").await;
+        (code == 503 && body.contains(&line)).then_some(())
+    })
+    .await;
+    let failures = format!("wdp_resource_registration_failures_total{{resource=\"{kvm}\"}}");
+    assert!(must(&metrics(&addr).await, &failures) >= 1.0);
+    let log = strip_ansi(&host.log());
+    assert!(
+        log.contains("registration failed; retrying") && log.contains(reason),
+        "{log}"
+    );
+
+    kubelet.refuse(None);
+    seen.devices(kvm, &["kvm-0"]).await;
+    eventually("ready", || async {
+        (get(&addr, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(host.terminate().await.success());
     kubelet.stop().await;
 }

@@ -266,7 +266,10 @@ impl KubeletStandIn {
         }
     }
 
-    /// Stops the watcher: the stand-in keeps what it registered but sees nothing new.
+    /// Stops like kubelet (SIGTERM or SIGKILL alike): the watcher ends and the connections to
+    /// drivers close; the registry directory, every driver's sockets and files and the slices
+    /// are left as they are, as kubelet leaves them when its process ends (the plugin watcher
+    /// removes nothing; a driver's slices are wiped by the next kubelet, not this one).
     pub fn stop(self) {}
 
     /// Prepares the claims of `pod` and returns what each of its containers gets, as kubelet's

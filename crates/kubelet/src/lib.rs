@@ -1,6 +1,7 @@
 //! `wdp-kubelet`: talking to kubelet as a device plugin does. The Device Plugin API v1beta1
 //! (`proto/`, [`api`]), Unix-socket transport ([`transport`]), the device-plugin directory watch
-//! ([`dir`]), registration ([`register`]), the names kubelet and Linux accept ([`names`]), one
+//! ([`dir`]), registration ([`register`]), the names kubelet and Linux accept ([`names`]), what
+//! kubelet leaves in the Node's status and how the scheduler reads it ([`nodestatus`]), one
 //! device-plugin server per resource ([`server`]), and a kubelet stand-in for demos and tests
 //! ([`standin`], with kubelet's checkpoint file, [`checkpoint`]).
 //!
@@ -14,6 +15,7 @@
 pub mod checkpoint;
 pub mod dir;
 pub mod names;
+pub mod nodestatus;
 pub mod register;
 pub mod server;
 pub mod standin;
