@@ -30,6 +30,7 @@ mod node;
 mod observability;
 mod oci;
 mod proto;
+mod release;
 mod reload;
 mod resident;
 mod sandbox;
