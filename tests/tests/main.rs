@@ -23,6 +23,7 @@ mod deploy;
 mod dra;
 mod dra_catalogue;
 mod faults;
+mod first_run;
 mod image;
 mod kubelet;
 mod languages;
