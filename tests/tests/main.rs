@@ -22,6 +22,7 @@ mod contract_minor;
 mod deploy;
 mod dra;
 mod dra_catalogue;
+mod examples;
 mod faults;
 mod first_run;
 mod image;
