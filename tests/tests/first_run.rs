@@ -167,7 +167,11 @@ fn the_demo_says_what_it_serves_and_stops_cleanly() {
     let deadline = Instant::now() + Duration::from_secs(300);
     while child.try_wait().expect("wait for the demo").is_none() {
         if Instant::now() > deadline {
-            child.kill().ok();
+            // SIGTERM, not SIGKILL: the script stops wdp and the stand-in on its way out.
+            Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .ok();
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
