@@ -7,8 +7,10 @@
 //!   entry uses;
 //! * the scanners of a release are OCI image layouts of the artifacts `wdp push` made, each with
 //!   a cosign-format signature by the release key over its digest: scripts/release-scanners.sh is
-//!   run on the test build against a real registry (Debian's docker-registry) and its output is
-//!   checked blob by blob, against the built guests and the key's public half.
+//!   run on the test build (it pushes to a throwaway docker-registry of its own) and its output is
+//!   checked blob by blob, against the built guests and the key's public half;
+//! * given a registry, the script pushes and signs there instead: each listed reference pulls the
+//!   built scanner and passes the verification `wdp run` makes under `verify-key`.
 //!
 //! The image archive, the SBOM and the checksums are plain tool runs (`podman save`,
 //! cargo-cyclonedx, sha256sum) that `make release RELEASE_BINARY=target/debug/wdp` exercises.
@@ -22,10 +24,11 @@ use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use p256::ecdsa::signature::Verifier;
 use p256::ecdsa::{Signature, SigningKey};
-use p256::pkcs8::{EncodePrivateKey, LineEnding};
+use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 use serde_json::Value;
 use wdp_oci::artifact;
 use wdp_oci::sign::{PAYLOAD_MEDIA_TYPE, SIGNATURE_ANNOTATION};
+use wdp_tests::registry::TestRegistry;
 use wdp_tests::{repo, wdp_bin};
 
 use crate::deploy::{Doc, all, rendered, rendered_dra, split_image};
@@ -160,24 +163,25 @@ fn blob(layout: &Path, digest_: &str) -> Vec<u8> {
     bytes
 }
 
-#[test]
-fn release_scanners_are_signed_oci_layouts_of_the_pushed_artifacts() {
-    assert!(
-        has_docker_registry(),
-        "docker-registry is not installed: `make setup` installs it (Debian package docker-registry)"
-    );
-    let dir = tempfile::tempdir().unwrap();
+/// The release key of these tests, written as `make release` takes it.
+fn release_key(dir: &Path) -> (SigningKey, std::path::PathBuf) {
     let key = SigningKey::from_slice(&[0x5a; 32]).unwrap();
-    let pem = dir.path().join("release.pem");
+    let pem = dir.join("release.pem");
     std::fs::write(&pem, key.to_pkcs8_pem(LineEnding::LF).unwrap().as_bytes()).unwrap();
-    let out = dir.path().join("dist");
+    (key, pem)
+}
+
+/// Runs scripts/release-scanners.sh into `out` with `more` arguments; its scanners.txt, checked
+/// to list every bundled scanner (the image's list) pinned by digest: name -> reference.
+fn release_scanners(pem: &Path, out: &Path, more: &[&str]) -> BTreeMap<String, String> {
     let run = Command::new(repo().join("scripts/release-scanners.sh"))
         .arg("--wdp")
         .arg(wdp_bin())
         .arg("--key")
-        .arg(&pem)
+        .arg(pem)
         .arg("--out")
-        .arg(&out)
+        .arg(out)
+        .args(more)
         .output()
         .expect("run scripts/release-scanners.sh");
     assert!(
@@ -186,8 +190,6 @@ fn release_scanners_are_signed_oci_layouts_of_the_pushed_artifacts() {
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
-
-    // One line per bundled scanner (the image's list), each pinned by digest.
     let listed: BTreeMap<String, String> = std::fs::read_to_string(out.join("scanners.txt"))
         .unwrap()
         .lines()
@@ -205,6 +207,19 @@ fn release_scanners_are_signed_oci_layouts_of_the_pushed_artifacts() {
         .map(String::from)
         .collect();
     assert_eq!(listed.keys().cloned().collect::<BTreeSet<_>>(), bundled);
+    listed
+}
+
+#[test]
+fn release_scanners_are_signed_oci_layouts_of_the_pushed_artifacts() {
+    assert!(
+        has_docker_registry(),
+        "docker-registry is not installed: `make setup` installs it (Debian package docker-registry)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (key, pem) = release_key(dir.path());
+    let out = dir.path().join("dist");
+    let listed = release_scanners(&pem, &out, &[]);
 
     for (name, reference) in &listed {
         let (repository, manifest_digest) = reference.split_once('@').expect("pinned by digest");
@@ -274,5 +289,54 @@ fn release_scanners_are_signed_oci_layouts_of_the_pushed_artifacts() {
             payload["critical"]["image"]["docker-manifest-digest"], *manifest_digest,
             "{name}: the signature signs another digest"
         );
+    }
+}
+
+#[tokio::test]
+async fn release_scanners_given_a_registry_are_pushed_and_signed_there() {
+    let registry = TestRegistry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, pem) = release_key(dir.path());
+    let public = dir.path().join("cosign.pub");
+    std::fs::write(
+        &public,
+        key.verifying_key()
+            .to_public_key_pem(LineEnding::LF)
+            .unwrap(),
+    )
+    .unwrap();
+    let public = wdp_oci::sign::PublicKey::from_file(&public).unwrap();
+    let out = dir.path().join("dist");
+    let prefix = format!("{}/wdp-release", registry.addr);
+    let listed = tokio::task::spawn_blocking({
+        let (pem, out, prefix) = (pem.clone(), out.clone(), prefix.clone());
+        move || release_scanners(&pem, &out, &["--registry", &prefix, "--insecure"])
+    })
+    .await
+    .unwrap();
+    // Nothing is packed as a layout when the registry holds the artifacts.
+    assert!(!out.join("scanners").exists());
+    let client = wdp_oci::Registry::new(wdp_oci::RegistryOptions {
+        insecure: vec![registry.addr.clone()],
+        username: None,
+        password: None,
+    });
+    for (name, reference) in &listed {
+        let (repository, digest_) = reference.split_once('@').expect("pinned by digest");
+        assert_eq!(repository, format!("{prefix}/scanners/{name}"));
+        // The version's tag and the pinned reference are the same artifact: the built scanner.
+        let tagged = client
+            .pull(&format!("{repository}:{VERSION}"))
+            .await
+            .unwrap();
+        assert_eq!(tagged.manifest_digest, digest_, "{name}");
+        assert_eq!(
+            tagged.bytes,
+            std::fs::read(wdp_tests::guest(name)).unwrap(),
+            "{name}: not the built scanner"
+        );
+        wdp_oci::sign::verify(&client, reference, digest_, &public)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
