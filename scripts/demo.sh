@@ -36,7 +36,9 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# Ctrl-C (or SIGTERM) ends the wait below; the script then stops both as at the end of a run.
+interrupted=
+trap 'interrupted=1' INT TERM
 
 echo "== wdp demo: plugin dir $dir/plugins; Ctrl-C to stop =="
 setsid "$wdp" kubelet --plugin-dir "$dir/plugins" --allocate &
@@ -56,6 +58,7 @@ run_pid=$!
 addr=
 status=
 for _ in $(seq 1200); do
+    [[ -z $interrupted ]] || break
     kill -0 "$run_pid" 2>/dev/null || { wait "$run_pid" || true; run_pid=; echo "demo: wdp run stopped (its log is above)" >&2; exit 1; }
     [[ -n $addr ]] || addr=$(sed -n 's/.*serving \/metrics.* addr=\([0-9.]*:[0-9]*\).*/\1/p' "$dir/wdp.log" | head -n 1)
     if [[ -n $addr ]] && status=$("$wdp" status --addr "$addr" 2>/dev/null) && [[ $status == *": ready"* ]]; then
@@ -70,11 +73,11 @@ echo "== above, the stand-in's lines: each resource registered, its devices, one
     "${DEMO_DURATION:+for $DEMO_DURATION more}${DEMO_DURATION:-until Ctrl-C} =="
 echo
 
-if [[ -n ${DEMO_DURATION:-} ]]; then
+if [[ -z $interrupted && -n ${DEMO_DURATION:-} ]]; then
     sleep "$DEMO_DURATION" &
     sleep_pid=$!
     wait -n "$sleep_pid" "$run_pid" "$kubelet_pid" || true
-else
+elif [[ -z $interrupted ]]; then
     wait -n "$run_pid" "$kubelet_pid" || true
 fi
 kill -0 "$run_pid" 2>/dev/null || echo "demo: wdp run stopped by itself (its log is above)" >&2

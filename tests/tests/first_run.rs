@@ -8,8 +8,10 @@
 //!   nothing is missing.
 //! * scripts/demo.sh, run as `make demo` runs it (the test build's binary and demo/wdp.yaml, over
 //!   this machine's /sys and /dev): it prints what is served once wdp is ready, stops wdp before
-//!   the stand-in, and so ends without a warning and with no socket of wdp's left behind.
+//!   the stand-in, and so ends without a warning and with no socket of wdp's left behind, both
+//!   after DEMO_DURATION and on Ctrl-C (SIGINT to the script, which it then exits 0 from).
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -150,34 +152,62 @@ fn missing_prerequisites_are_each_named_with_how_to_install_them() {
     );
 }
 
-#[test]
-fn the_demo_says_what_it_serves_and_stops_cleanly() {
-    let mut child = Command::new(repo().join("scripts/demo.sh"))
-        .arg(wdp_bin())
+/// Sends `signal` to `pid` (the script, which stops what it started on its way out).
+fn signal(pid: u32, signal: &str) {
+    Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .ok();
+}
+
+/// Runs scripts/demo.sh as `make demo` does. With `duration` it ends by itself that long after
+/// its summary; without, it is interrupted (SIGINT, as Ctrl-C) once it says it is serving.
+/// Checks what every clean demo shows, and returns its stdout.
+fn demo(duration: Option<&str>) -> String {
+    let mut cmd = Command::new(repo().join("scripts/demo.sh"));
+    cmd.arg(wdp_bin())
         .arg(repo().join("demo/wdp.yaml"))
-        // Counted from the summary on: the test waits for the script, not for this.
-        .env("DEMO_DURATION", "1s")
         .env_remove("NO_COLOR")
         .env_remove("RUST_LOG")
+        .env_remove("DEMO_DURATION")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run scripts/demo.sh");
+        .stderr(Stdio::piped());
+    if let Some(d) = duration {
+        cmd.env("DEMO_DURATION", d);
+    }
+    let mut child = cmd.spawn().expect("run scripts/demo.sh");
+    let pid = child.id();
+    // stdout line by line, so the test sees "serving until Ctrl-C" when it comes.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("until Ctrl-C") {
+                tx.send(()).ok();
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
     let deadline = Instant::now() + Duration::from_secs(300);
+    if duration.is_none() {
+        let serving = rx.recv_timeout(Duration::from_secs(300)).is_ok();
+        signal(pid, "-INT");
+        assert!(serving, "the demo never said it was serving");
+    }
     while child.try_wait().expect("wait for the demo").is_none() {
         if Instant::now() > deadline {
-            // SIGTERM, not SIGKILL: the script stops wdp and the stand-in on its way out.
-            Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()
-                .ok();
+            signal(pid, "-TERM");
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = child.wait_with_output().expect("the demo's output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = reader.join().expect("the stdout reader");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let all = format!("{stdout}\n--- stderr ---\n{stderr}");
     assert!(out.status.success(), "{all}");
@@ -204,4 +234,17 @@ fn the_demo_says_what_it_serves_and_stops_cleanly() {
             && last.contains("sockets it left in the plugin dir: 0"),
         "{all}"
     );
+    stdout
+}
+
+#[test]
+fn the_demo_says_what_it_serves_and_stops_cleanly() {
+    // Counted from the summary on: the test waits for the script, not for this.
+    let stdout = demo(Some("1s"));
+    assert!(stdout.contains("serving for 1s more"), "{stdout}");
+}
+
+#[test]
+fn a_demo_stopped_with_ctrl_c_stops_cleanly() {
+    demo(None);
 }
