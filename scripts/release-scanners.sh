@@ -89,6 +89,16 @@ EOF
     insecure=(--insecure)
 fi
 
+# A version is released once: a scanner already under this version's tag there is refused
+# before anything is pushed (tags are never moved: docs/versioning.md).
+if [[ -z $local_registry ]]; then
+    for name in $scanners; do
+        if "$wdp" inspect "${insecure[@]}" "$registry/scanners/$name:$version" >/dev/null 2>&1; then
+            die "$registry/scanners/$name:$version exists already: a released version's tags are never moved (set a new version in Cargo.toml)"
+        fi
+    done
+fi
+
 : >"$out/scanners.txt"
 for name in $scanners; do
     component=$guests/$name.wasm

@@ -49,17 +49,22 @@ done
 grep -q "^## \[$version\]" "$root/CHANGELOG.md" || die "CHANGELOG.md has no section for $version"
 
 image=${registry:-localhost}/wdp
+if [[ -n $registry ]]; then
+    # A released version's tags are never moved: refuse before building anything.
+    tls=()
+    [[ ${#insecure[@]} -eq 0 ]] || tls=(--tls-verify=false)
+    if podman search "${tls[@]}" --list-tags --limit 10000 "$image" 2>/dev/null |
+        awk 'NR > 1 { print $2 }' | grep -qxF "$version"; then
+        die "$image:$version exists already: a released version's tags are never moved (set a new version in Cargo.toml)"
+    fi
+fi
 rm -rf "$dist"
 mkdir -p "$dist"
 
 # The image, tagged with the version only.
 "$root/scripts/image.sh" --binary "$binary" --tag "$image:$version"
 podman save --format oci-archive -o "$dist/wdp-$version-image.oci.tar" "$image:$version"
-if [[ -n $registry ]]; then
-    tls=()
-    [[ ${#insecure[@]} -eq 0 ]] || tls=(--tls-verify=false)
-    podman push "${tls[@]}" "$image:$version"
-fi
+[[ -z $registry ]] || podman push "${tls[@]}" "$image:$version"
 
 # The scanners, signed.
 registry_args=()

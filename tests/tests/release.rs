@@ -10,7 +10,8 @@
 //!   run on the test build (it pushes to a throwaway docker-registry of its own) and its output is
 //!   checked blob by blob, against the built guests and the key's public half;
 //! * given a registry, the script pushes and signs there instead: each listed reference pulls the
-//!   built scanner and passes the verification `wdp run` makes under `verify-key`.
+//!   built scanner and passes the verification `wdp run` makes under `verify-key`; releasing the
+//!   same version there again is refused before anything is pushed.
 //!
 //! The image archive, the SBOM and the checksums are plain tool runs (`podman save`,
 //! cargo-cyclonedx, sha256sum) that `make release RELEASE_BINARY=target/debug/wdp` exercises.
@@ -339,4 +340,25 @@ async fn release_scanners_given_a_registry_are_pushed_and_signed_there() {
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+
+    // The same version again is refused before anything is pushed: its tags are never moved.
+    let again = tokio::process::Command::new(repo().join("scripts/release-scanners.sh"))
+        .arg("--wdp")
+        .arg(wdp_bin())
+        .arg("--key")
+        .arg(&pem)
+        .arg("--out")
+        .arg(dir.path().join("again"))
+        .args(["--registry", &prefix, "--insecure"])
+        .output()
+        .await
+        .expect("run scripts/release-scanners.sh");
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success(), "a version released twice");
+    assert!(err.contains("never moved"), "{err}");
+    assert!(
+        again.stdout.is_empty(),
+        "pushed something: {}",
+        String::from_utf8_lossy(&again.stdout)
+    );
 }
