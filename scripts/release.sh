@@ -81,19 +81,8 @@ mv "$root/host/wdp_bin.cdx.json" "$dist/wdp-$version.cdx.json"
 find "$root" \( -path "$root/target" -o -path "$root/guest-scanners" -o -path "$dist" \) -prune \
     -o -name '*_bin.cdx.json' -exec rm -f {} +
 
-# deploy/ with the image pinned: the kustomization's `images:` entry for `wdp` gets the name and
-# the version (what `kustomize edit set image wdp=IMAGE:VERSION` writes).
-cp -r "$root/deploy" "$dist/deploy"
-python3 - "$dist/deploy/kustomization.yaml" "$image" "$version" <<'PY'
-import re, sys
-path, image, version = sys.argv[1:]
-text = open(path).read()
-entry = re.compile(r"^images:\n  - name: wdp\n(    new(Name|Tag): .*\n)*", re.M)
-if len(entry.findall(text)) != 1:
-    sys.exit(f"{path}: no single `images:` entry for wdp")
-text = entry.sub(f"images:\n  - name: wdp\n    newName: {image}\n    newTag: {version}\n", text)
-open(path, "w").write(text)
-PY
+# deploy/ with the image pinned to this release.
+"$root/scripts/pin-deploy.sh" "$dist/deploy" "$image" "$version"
 
 (cd "$dist" && find . -type f ! -name SHA256SUMS -printf '%P\n' | LC_ALL=C sort | xargs -d '\n' sha256sum >SHA256SUMS)
 echo "release: wdp $version in $dist (image $image:$version)"

@@ -1025,7 +1025,7 @@ fn json_patch_op(doc: &mut Value, op: &Value) -> Result<(), String> {
 /// Renders the base `base` with the Component `dir` as `kubectl kustomize` does for the keys
 /// used: the base's objects and the Component's resources, then each JSON patch of the
 /// Component on the object its target names.
-fn render_with_component(base: &Path, dir: &Path) -> Result<Vec<Doc>, String> {
+pub(crate) fn render_with_component(base: &Path, dir: &Path) -> Result<Vec<Doc>, String> {
     let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
         .map_err(|e| format!("kustomization.yaml: {e}"))?;
     let k: Value = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;

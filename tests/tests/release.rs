@@ -5,6 +5,8 @@
 //! * nothing names a moving tag: the image is tagged with the version only, and deploy/ (with
 //!   DRA mode's Component) pins every container to it, under the name an overlay's `images:`
 //!   entry uses;
+//! * a release's deploy/ (scripts/pin-deploy.sh) renders, with and without DRA mode, to deploy/
+//!   with every container on the release's image;
 //! * the scanners of a release are OCI image layouts of the artifacts `wdp push` made, each with
 //!   a cosign-format signature by the release key over its digest: scripts/release-scanners.sh is
 //!   run on the test build (it pushes to a throwaway docker-registry of its own) and its output is
@@ -32,7 +34,7 @@ use wdp_oci::sign::{PAYLOAD_MEDIA_TYPE, SIGNATURE_ANNOTATION};
 use wdp_tests::registry::TestRegistry;
 use wdp_tests::{repo, wdp_bin};
 
-use crate::deploy::{Doc, all, rendered, rendered_dra, split_image};
+use crate::deploy::{Doc, all, render, render_with_component, rendered, rendered_dra, split_image};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -122,6 +124,50 @@ fn deploy_pins_this_version_under_the_name_overlays_use() {
             assert_eq!(name, "wdp", "{what} {container}: {image}");
         }
     }
+}
+
+#[test]
+fn a_releases_deploy_installs_its_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let pinned = dir.path().join("deploy");
+    let image = "registry.example/team/wdp";
+    let run = Command::new(repo().join("scripts/pin-deploy.sh"))
+        .arg(&pinned)
+        .args([image, "9.8.7"])
+        .output()
+        .expect("run scripts/pin-deploy.sh");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let base = render(&pinned).unwrap_or_else(|e| panic!("the pinned deploy/: {e}"));
+    let dra = render_with_component(&pinned, &pinned.join("dra"))
+        .unwrap_or_else(|e| panic!("the pinned deploy/ with dra/: {e}"));
+    for (what, docs) in [("deploy/", &base), ("deploy/ with dra/", &dra)] {
+        let images = images(docs);
+        assert!(!images.is_empty(), "{what}: no container");
+        for (container, pinned_image) in images {
+            assert_eq!(pinned_image, format!("{image}:9.8.7"), "{what} {container}");
+        }
+    }
+    // Everything else is deploy/ as it is.
+    let strip = |docs: Vec<Doc>| -> Vec<serde_json::Value> {
+        docs.into_iter()
+            .map(|mut d| {
+                if let Some(Value::Array(cs)) =
+                    d.value.pointer_mut("/spec/template/spec/containers")
+                {
+                    for c in cs {
+                        c["image"] = Value::Null;
+                    }
+                }
+                d.value
+            })
+            .collect()
+    };
+    assert_eq!(strip(base), strip(rendered()));
+    assert_eq!(strip(dra), strip(rendered_dra()));
 }
 
 #[test]
