@@ -89,11 +89,17 @@ pub fn main() -> ExitCode {
 }
 
 /// Logs go to stderr (stdout is for trees); `RUST_LOG` overrides the default `info` level.
+/// Colours only on a terminal and without `NO_COLOR` (no-color.org: set and not empty): a log read
+/// from a file, a pipe or `kubectl logs` carries no escape sequences.
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
