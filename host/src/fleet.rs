@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::cdi::SpecOwnership;
 use crate::config::ScannerIdentity;

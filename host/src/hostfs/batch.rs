@@ -68,9 +68,7 @@ impl Budget {
     fn charge(&self, used: &mut usize, bytes: usize) -> Result<(), BatchError> {
         let total = used.saturating_add(bytes);
         if total > self.bytes {
-            return Err(BatchError::TooLarge {
-                budget: self.bytes,
-            });
+            return Err(BatchError::TooLarge { budget: self.bytes });
         }
         *used = total;
         Ok(())
@@ -515,7 +513,12 @@ mod tests {
             bytes: records + 8 * 1000,
             until: far,
         };
-        assert!(view.read_files(&paths, &enough).unwrap().iter().all(Result::is_ok));
+        assert!(
+            view.read_files(&paths, &enough)
+                .unwrap()
+                .iter()
+                .all(Result::is_ok)
+        );
         let short = Budget {
             bytes: records + 8 * 1000 - 1,
             until: far,
@@ -547,7 +550,8 @@ mod tests {
 
         // A FIFO no one writes is refused, not waited on.
         assert_eq!(
-            view.read_files(&["/sys/fifo".to_string()], &enough).unwrap(),
+            view.read_files(&["/sys/fifo".to_string()], &enough)
+                .unwrap(),
             [Err(ReadError::NotAFile)]
         );
     }

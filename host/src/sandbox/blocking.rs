@@ -132,7 +132,10 @@ mod tests {
                 .await
                 .unwrap_err();
             assert!(matches!(err, CallError::Deadline { .. }), "{i}: {err}");
-            assert!(started.elapsed() < deadline * 10, "{i}: waited past the deadline");
+            assert!(
+                started.elapsed() < deadline * 10,
+                "{i}: waited past the deadline"
+            );
             assert_eq!(calls.outstanding(), i + 1);
         }
         // Every slot is held by a blocked read: the next call is refused, not queued for ever.
@@ -145,7 +148,10 @@ mod tests {
         }
         let freed = Instant::now() + Duration::from_secs(30);
         while calls.outstanding() > 0 {
-            assert!(Instant::now() < freed, "slots not freed once the reads returned");
+            assert!(
+                Instant::now() < freed,
+                "slots not freed once the reads returned"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(calls.run("after", deadline, |_| 1).await.unwrap(), 1);

@@ -228,61 +228,6 @@ impl CpuBudget {
     }
 }
 
-#[cfg(test)]
-mod cpu_tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn computing_is_stopped_and_waiting_in_the_host_is_not_counted() {
-        // Spinning: a tick every 10 ms of wasm, nothing else.
-        let start = Instant::now();
-        let mut spin = CpuBudget::new(MS * 100);
-        spin.since = start;
-        let stopped = (1..=20).find(|i| spin.on_tick_at(start + TICK * *i).is_err());
-        assert_eq!(stopped, Some(11), "stopped once past 100 ms of computing");
-
-        // A slow reader: 1 ms of wasm, then 14 ms blocked in a WASI read, 500 times: 7 s of
-        // wall clock, 0.5 s of wasm; each resumption sees a tick.
-        let mut reader = CpuBudget::new(MS * 600);
-        reader.since = start;
-        let mut now = start;
-        for i in 0..500 {
-            now += MS;
-            reader.on_call_at(CallHook::CallingHost, now);
-            now += MS * 14;
-            reader.on_call_at(CallHook::ReturningFromHost, now);
-            assert!(reader.on_tick_at(now).is_ok(), "read {i}: stopped while waiting");
-        }
-        assert!(reader.computed <= MS * 501, "{:?}", reader.computed);
-
-        // The same with the wasm slices long enough to exceed the budget: stopped all the same.
-        let mut busy = CpuBudget::new(MS * 600);
-        busy.since = start;
-        let mut now = start;
-        let stopped = (0..500).find(|_| {
-            now += TICK;
-            if busy.on_tick_at(now).is_err() {
-                return true;
-            }
-            busy.on_call_at(CallHook::CallingHost, now);
-            now += MS * 14;
-            busy.on_call_at(CallHook::ReturningFromHost, now);
-            false
-        });
-        assert_eq!(stopped, Some(60), "stopped after 600 ms of wasm between reads");
-
-        // A long block (a sleep) starts a new slice, as a call into our imports does.
-        let mut sleeper = CpuBudget::new(MS * 100);
-        sleeper.since = start;
-        sleeper.on_tick_at(start + MS * 90).unwrap();
-        sleeper.on_call_at(CallHook::CallingHost, start + MS * 90);
-        sleeper.on_call_at(CallHook::ReturningFromHost, start + MS * 200);
-        assert_eq!(sleeper.computed, Duration::ZERO);
-    }
-}
-
 impl types::Host for GuestState {}
 
 impl notifier::Host for GuestState {
@@ -439,9 +384,7 @@ impl wit_hostfs::Host for GuestState {
         let sys = self.sys.clone();
         Ok(self
             .blocking("hostfs.read-files", move |budget| {
-                let results = sys
-                    .read_files(&paths, &budget)
-                    .map_err(|e| e.to_string())?;
+                let results = sys.read_files(&paths, &budget).map_err(|e| e.to_string())?;
                 Ok(results
                     .into_iter()
                     .map(|r| r.map_err(read_error_to_wit))
@@ -475,5 +418,67 @@ fn to_wit(node: Node) -> devfs::Node {
         major: node.major,
         minor: node.minor,
         mode: node.mode,
+    }
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn computing_is_stopped_and_waiting_in_the_host_is_not_counted() {
+        // Spinning: a tick every 10 ms of wasm, nothing else.
+        let start = Instant::now();
+        let mut spin = CpuBudget::new(MS * 100);
+        spin.since = start;
+        let stopped = (1..=20).find(|i| spin.on_tick_at(start + TICK * *i).is_err());
+        assert_eq!(stopped, Some(11), "stopped once past 100 ms of computing");
+
+        // A slow reader: 1 ms of wasm, then 14 ms blocked in a WASI read, 500 times: 7 s of
+        // wall clock, 0.5 s of wasm; each resumption sees a tick.
+        let mut reader = CpuBudget::new(MS * 600);
+        reader.since = start;
+        let mut now = start;
+        for i in 0..500 {
+            now += MS;
+            reader.on_call_at(CallHook::CallingHost, now);
+            now += MS * 14;
+            reader.on_call_at(CallHook::ReturningFromHost, now);
+            assert!(
+                reader.on_tick_at(now).is_ok(),
+                "read {i}: stopped while waiting"
+            );
+        }
+        assert!(reader.computed <= MS * 501, "{:?}", reader.computed);
+
+        // The same with the wasm slices long enough to exceed the budget: stopped all the same.
+        let mut busy = CpuBudget::new(MS * 600);
+        busy.since = start;
+        let mut now = start;
+        let stopped = (0..500).find(|_| {
+            now += TICK;
+            if busy.on_tick_at(now).is_err() {
+                return true;
+            }
+            busy.on_call_at(CallHook::CallingHost, now);
+            now += MS * 14;
+            busy.on_call_at(CallHook::ReturningFromHost, now);
+            false
+        });
+        assert_eq!(
+            stopped,
+            Some(60),
+            "stopped after 600 ms of wasm between reads"
+        );
+
+        // A long block (a sleep) starts a new slice, as a call into our imports does.
+        let mut sleeper = CpuBudget::new(MS * 100);
+        sleeper.since = start;
+        sleeper.on_tick_at(start + MS * 90).unwrap();
+        sleeper.on_call_at(CallHook::CallingHost, start + MS * 90);
+        sleeper.on_call_at(CallHook::ReturningFromHost, start + MS * 200);
+        assert_eq!(sleeper.computed, Duration::ZERO);
     }
 }
