@@ -50,6 +50,9 @@ enum Command {
     Sign(oci::SignArgs),
 }
 
+/// How long the runtime's blocking threads are waited for when the process ends.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Entry point of the `wdp` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -79,6 +82,10 @@ pub fn main() -> ExitCode {
             Command::Sign(args) => oci::sign(args).await,
         }
     });
+    // Threads of the blocking pool may still be in a read that never returns (a guest's read of
+    // a tracefs pipe through its preopen, abandoned): dropping the runtime would wait for them
+    // for ever. Nothing else is left to finish once `block_on` has returned.
+    runtime.shutdown_timeout(SHUTDOWN_WAIT);
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -19,6 +19,10 @@
 //!   `probe` does: one `read-files` call over [`BATCH_READS`] (annotation `read-<i>` per path:
 //!   a path that was read `LEAKED: <excerpt>`, except `/sys/ok`, reported `read: <contents>`),
 //!   then `list-dir` of each of [`BATCH_LISTS`] (`list-<i>`, `LEAKED` when an entry comes back).
+//! * the attacks on the time, threads and memory of the host's filesystem calls:
+//!   [`hostfs_attacks`].
+
+mod hostfs_attacks;
 
 use std::fmt::Display;
 use std::fs::{self, OpenOptions};
@@ -520,6 +524,9 @@ struct Hostile;
 
 impl wdp_guest::Scanner for Hostile {
     fn scan() -> Result<(), String> {
+        if let Some(outcome) = hostfs_attacks::run() {
+            return outcome;
+        }
         let attack = config::env_choice("ATTACK", "probe", &ATTACKS)?;
         match attack {
             "probe" => {
