@@ -593,11 +593,14 @@ mod tests {
                 },
             ]
         );
-        // Again, and through v1beta1: the same answer.
+        // Again, and through v1beta1 as kubelet 1.33 calls it (dialling the bare socket path:
+        // the percent-encoded path as `:authority`): the same answer.
         assert_eq!(prepare(&mut client, vec![v1_claim(&pod)]).await, answer);
-        let mut beta = dra_v1beta1::dra_plugin_client::DraPluginClient::new(
-            crate::testing::channel(&running.socket).await,
-        );
+        let authority = wdp_kubelet::authority::grpc_go_passthrough(&running.socket);
+        let channel = wdp_kubelet::transport::connect_with_authority(&running.socket, authority)
+            .await
+            .unwrap();
+        let mut beta = dra_v1beta1::dra_plugin_client::DraPluginClient::new(channel);
         let via_beta = beta
             .node_prepare_resources(dra_v1beta1::NodePrepareResourcesRequest {
                 claims: vec![dra_v1beta1::Claim {

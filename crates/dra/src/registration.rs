@@ -199,7 +199,14 @@ mod tests {
             },
         ));
 
-        let mut client = RegistrationClient::new(crate::testing::channel(&socket).await);
+        // Dialled as kubelet's plugin watcher dials: the percent-encoded socket path as
+        // `:authority`.
+        crate::testing::wait_for(|| socket.exists()).await;
+        let authority = wdp_kubelet::authority::grpc_go_passthrough(&socket);
+        let channel = wdp_kubelet::transport::connect_with_authority(&socket, authority)
+            .await
+            .unwrap();
+        let mut client = RegistrationClient::new(channel);
         let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.r#type, "DRAPlugin");
         assert_eq!(info.name, "gpu.example.com");
