@@ -26,8 +26,12 @@ pub const PLUGIN_TYPE: &str = "DRAPlugin";
 pub const DRA_V1: &str = "v1.DRAPlugin";
 /// The DRAPlugin service, v1beta1.
 pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
-/// The device health service, v1.
+/// The device health service, v1: what kubelets after 1.36 prefer when PluginInfo lists it.
 pub const HEALTH_V1: &str = "v1.DRAResourceHealth";
+/// The device health service, v1alpha1: kubelet 1.34 to 1.36 open it on every driver whatever
+/// PluginInfo lists (their ResourceHealthStatus gate on); later kubelets when it is listed and
+/// v1 is not.
+pub const HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
 
 /// Where a driver's sockets go and what it serves.
 #[derive(Clone, Debug)]
@@ -59,6 +63,7 @@ impl Endpoints {
         let mut v = vec![DRA_V1.to_owned(), DRA_V1BETA1.to_owned()];
         if self.health {
             v.push(HEALTH_V1.to_owned());
+            v.push(HEALTH_V1ALPHA1.to_owned());
         }
         v
     }
@@ -219,7 +224,12 @@ mod tests {
         );
         assert_eq!(
             info.supported_versions,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
 
         assert_eq!(status.get(), RegistrationState::Pending);
