@@ -274,6 +274,11 @@ impl Rewriter {
         self.decoder
             .decode_with_cb(&block.fragment, |name, value| {
                 listed += name.len() + value.len() + 32;
+                // Indexed fields cost a byte each and may name 4 KiB of table: past the limit
+                // nothing more is written (the block is refused below).
+                if listed > MAX_HEADER_BLOCK {
+                    return;
+                }
                 let value = if name.as_ref() == b":authority" {
                     policy.authority(&value)
                 } else {
@@ -711,6 +716,20 @@ mod tests {
         assert!(
             rewriter.feed(&wire, &mut BytesMut::new()).is_err(),
             "a block over the limit"
+        );
+
+        // One 4000-byte field in the table, then a byte per reference to it: 40 MB of headers
+        // from a 14 KB block, refused.
+        let big = [b'a'; 4000];
+        let fields: [(&[u8], &[u8]); 1] = [(b"x", &big)];
+        let mut block = loona_hpack::Encoder::new().encode(fields);
+        block.extend([0x80 | 62; 10_000]);
+        let mut wire = PREFACE.to_vec();
+        wire.extend(frame(HEADERS, END_HEADERS, 1, &block));
+        let mut rewriter = Rewriter::new(Policy::Accept);
+        assert!(
+            rewriter.feed(&wire, &mut BytesMut::new()).is_err(),
+            "a header list over the limit"
         );
     }
 
