@@ -18,7 +18,9 @@
 //!   45 s timeout, through the service version it picked; from 1.34 on it opens the
 //!   `/v1alpha1.DRAResourceHealth/NodeWatchResources` health stream over that connection, as
 //!   those releases do on every driver (with their ResourceHealthStatus gate on) whatever
-//!   `GetInfo` listed;
+//!   `GetInfo` listed: on demand ([`KubeletStandIn::health`]) or, with the gate
+//!   ([`Options::resource_health_status`]), from registration on, opened again 5 s after it
+//!   fails or ends;
 //! - 30 s after a driver is gone (its registration socket removed) and not back, it deletes the
 //!   driver's slices on its node (`defaultWipingDelay` in `pkg/kubelet/cm/dra/manager.go`, the
 //!   pending wipe of `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`'s `wipeResourceSlices`,
@@ -55,6 +57,9 @@ use crate::registration::{DRA_V1, DRA_V1BETA1, PLUGIN_TYPE};
 pub const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// How often the stand-in's plugin watcher looks at the registry directory.
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+/// How long kubelet waits before opening a driver's health stream again after it failed or
+/// ended (`wait.UntilWithContext` in `dra_plugin_manager.go`).
+pub const HEALTH_RETRY: Duration = Duration::from_secs(5);
 /// kubelet's delay between a driver going away and the deletion of its slices
 /// (`defaultWipingDelay`): long enough for a DaemonSet's pod to be replaced.
 pub const WIPING_DELAY: Duration = Duration::from_secs(30);
@@ -143,6 +148,11 @@ pub struct Options {
     /// How long after a driver is gone its slices are deleted ([`WIPING_DELAY`] by default; a
     /// test shortens it rather than waiting half a minute).
     pub wiping_delay: Duration,
+    /// kubelet's `ResourceHealthStatus` feature gate (off by default in 1.34 and 1.35): from
+    /// 1.34 on, the health stream of every registered driver is kept open, opened again
+    /// [`HEALTH_RETRY`] after it fails or ends, and what it says is kept
+    /// ([`KubeletStandIn::device_health`]).
+    pub resource_health_status: bool,
 }
 
 impl Default for Options {
@@ -151,6 +161,7 @@ impl Default for Options {
             version: Version::default(),
             refuse: None,
             wiping_delay: WIPING_DELAY,
+            resource_health_status: false,
         }
     }
 }
@@ -187,6 +198,14 @@ struct State {
     claims: BTreeMap<(String, String), ClaimInfo>,
     /// One connection per registered driver, as kubelet keeps (dropped when it registers again).
     channels: BTreeMap<String, Channel>,
+    /// Whether registered drivers' health streams are kept open (the feature gate).
+    health_watch: bool,
+    /// The health streams kept open, by driver.
+    health_watchers: BTreeMap<String, JoinHandle<()>>,
+    /// The last health each driver's stream gave, by (driver, pool, device).
+    health: BTreeMap<(String, String, String), i32>,
+    /// Why each driver's health stream last failed.
+    health_errors: BTreeMap<String, String>,
 }
 
 /// What kubelet keeps of a claim it prepared (`ClaimInfo` of `pkg/kubelet/cm/dra/claiminfo.go`).
@@ -291,8 +310,12 @@ pub struct KubeletStandIn {
 impl Drop for KubeletStandIn {
     fn drop(&mut self) {
         self.watcher.abort();
-        for wipe in lock(&self.state).wipes.drain(..) {
+        let mut s = lock(&self.state);
+        for wipe in s.wipes.drain(..) {
             wipe.abort();
+        }
+        for (_, watcher) in std::mem::take(&mut s.health_watchers) {
+            watcher.abort();
         }
     }
 }
@@ -333,6 +356,7 @@ impl KubeletStandIn {
         let state = Arc::new(Mutex::new(State {
             version: options.version,
             refuse: options.refuse,
+            health_watch: options.resource_health_status,
             ..State::default()
         }));
         let wiper = Wiper {
@@ -536,16 +560,27 @@ impl KubeletStandIn {
 
     /// The driver's connection: the one already open, or a new one kept for the next calls.
     async fn channel(&self, driver: &str) -> Result<(Registered, Channel), tonic::Status> {
-        let plugin = self.driver(driver)?;
-        if let Some(channel) = lock(&self.state).channels.get(driver) {
-            return Ok((plugin, channel.clone()));
-        }
-        let authority = lock(&self.state).version.dra_authority(&plugin.endpoint);
-        let channel = connect(&plugin.endpoint, authority).await?;
-        lock(&self.state)
-            .channels
-            .insert(driver.to_owned(), channel.clone());
-        Ok((plugin, channel))
+        driver_channel(&self.state, driver).await
+    }
+
+    /// The last health `driver`'s stream gave for `device` of `pool` (kept with
+    /// [`Options::resource_health_status`]).
+    pub fn device_health(
+        &self,
+        driver: &str,
+        pool: &str,
+        device: &str,
+    ) -> Option<health_v1alpha1::HealthStatus> {
+        let s = lock(&self.state);
+        let key = (driver.to_owned(), pool.to_owned(), device.to_owned());
+        s.health
+            .get(&key)
+            .and_then(|h| health_v1alpha1::HealthStatus::try_from(*h).ok())
+    }
+
+    /// Why `driver`'s kept health stream last failed, if it did.
+    pub fn health_error(&self, driver: &str) -> Option<String> {
+        lock(&self.state).health_errors.get(driver).cloned()
     }
 
     fn driver(&self, driver: &str) -> Result<Registered, tonic::Status> {
@@ -614,19 +649,7 @@ impl KubeletStandIn {
         &self,
         driver: &str,
     ) -> Result<tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
-        let version = lock(&self.state).version;
-        if !version.watches_health() {
-            return Err(tonic::Status::unimplemented(format!(
-                "kubelet {version} has no DRA health client"
-            )));
-        }
-        let (_, channel) = self.channel(driver).await?;
-        let mut client =
-            health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel);
-        Ok(client
-            .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
-            .await?
-            .into_inner())
+        open_health(&self.state, driver).await
     }
 
     /// NodeUnprepareResources of `claims` on `driver`: the error per claim UID (empty: done).
@@ -661,6 +684,82 @@ impl KubeletStandIn {
             .into_iter()
             .map(|(uid, r)| (uid, r.error))
             .collect())
+    }
+}
+
+/// `driver`'s connection: the one already open, or a new one kept for the next calls, dialled as
+/// the release dials `dra.sock`.
+async fn driver_channel(
+    state: &Mutex<State>,
+    driver: &str,
+) -> Result<(Registered, Channel), tonic::Status> {
+    let (plugin, open, version) = {
+        let s = lock(state);
+        let plugin = s.drivers.get(driver).cloned().ok_or_else(|| {
+            tonic::Status::failed_precondition(format!("DRA driver {driver} is not registered"))
+        })?;
+        (plugin, s.channels.get(driver).cloned(), s.version)
+    };
+    if let Some(channel) = open {
+        return Ok((plugin, channel));
+    }
+    let channel = connect(&plugin.endpoint, version.dra_authority(&plugin.endpoint)).await?;
+    lock(state)
+        .channels
+        .insert(driver.to_owned(), channel.clone());
+    Ok((plugin, channel))
+}
+
+/// `driver`'s health stream as the release opens it (see [`KubeletStandIn::health`]).
+async fn open_health(
+    state: &Mutex<State>,
+    driver: &str,
+) -> Result<tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
+    let version = lock(state).version;
+    if !version.watches_health() {
+        return Err(tonic::Status::unimplemented(format!(
+            "kubelet {version} has no DRA health client"
+        )));
+    }
+    let (_, channel) = driver_channel(state, driver).await?;
+    let mut client =
+        health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel);
+    Ok(client
+        .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+        .await?
+        .into_inner())
+}
+
+/// kubelet's health stream of a registered driver (`DRAPluginManager.add` with
+/// `ResourceHealthStatus`): opened, read until it ends, opened again after [`HEALTH_RETRY`];
+/// every message's devices kept.
+async fn watch_health(driver: String, state: Arc<Mutex<State>>) {
+    loop {
+        let ended = match open_health(&state, &driver).await {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(message)) => {
+                        let mut s = lock(&state);
+                        for d in message.devices {
+                            if let Some(id) = d.device {
+                                let key = (driver.clone(), id.pool_name, id.device_name);
+                                s.health.insert(key, d.health);
+                            }
+                        }
+                    }
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            },
+            Err(e) => Some(e),
+        };
+        if let Some(e) = ended {
+            tracing::info!(%driver, error = %e, "DRA health stream failed; opening it again in 5 s");
+            lock(&state)
+                .health_errors
+                .insert(driver.clone(), e.to_string());
+        }
+        tokio::time::sleep(HEALTH_RETRY).await;
     }
 }
 
@@ -906,6 +1005,9 @@ async fn watch(registry: PathBuf, state: Arc<Mutex<State>>, wiper: Wiper) {
             s.seen.remove(&path);
             let driver = driver_of(&path);
             s.channels.remove(&driver);
+            if let Some(watcher) = s.health_watchers.remove(&driver) {
+                watcher.abort();
+            }
             if s.drivers.remove(&driver).is_some() {
                 let departure = s.departures.entry(driver.clone()).or_default();
                 *departure += 1;
@@ -959,7 +1061,7 @@ fn driver_of(path: &Path) -> String {
         .to_owned()
 }
 
-async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status> {
+async fn register(path: &Path, state: &Arc<Mutex<State>>) -> Result<(), tonic::Status> {
     let kubelet = lock(state).version;
     let channel = connect(path, kubelet.registration_authority(path)).await?;
     let mut client = RegistrationClient::new(channel);
@@ -993,15 +1095,22 @@ async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status
     let mut s = lock(state);
     *s.registrations.entry(info.name.clone()).or_default() += 1;
     s.channels.remove(&info.name);
+    if let Some(watcher) = s.health_watchers.remove(&info.name) {
+        watcher.abort();
+    }
     if let (None, Some(version)) = (refusal, version) {
         s.drivers.insert(
-            info.name,
+            info.name.clone(),
             Registered {
                 endpoint: PathBuf::from(info.endpoint),
                 version: version.to_owned(),
                 supported_versions: info.supported_versions,
             },
         );
+        if s.health_watch && kubelet.watches_health() {
+            let watcher = tokio::spawn(watch_health(info.name.clone(), state.clone()));
+            s.health_watchers.insert(info.name, watcher);
+        }
     }
     Ok(())
 }
@@ -1336,8 +1445,8 @@ mod tests {
         wires
     }
 
-    /// The `:authority` of every request the clients sent, decoded from their bytes.
-    fn authorities(wires: &Wires) -> BTreeSet<String> {
+    /// The (`:authority`, `:path`) of every request the clients sent, decoded from their bytes.
+    fn requests(wires: &Wires) -> BTreeSet<(String, String)> {
         let mut out = BTreeSet::new();
         for wire in wires.lock().unwrap().iter() {
             let wire = wire.lock().unwrap();
@@ -1357,11 +1466,12 @@ mod tests {
                     // No padding or priority: neither tonic nor grpc-go sends them.
                     block.extend_from_slice(payload);
                     if flags & 0x4 != 0 {
-                        for (name, value) in decoder.decode(&block).expect("HPACK") {
-                            if name == b":authority" {
-                                out.insert(String::from_utf8(value).unwrap());
-                            }
-                        }
+                        let fields = decoder.decode(&block).expect("HPACK");
+                        let field = |n: &[u8]| {
+                            let (_, v) = fields.iter().find(|(name, _)| name == n).unwrap();
+                            String::from_utf8(v.clone()).unwrap()
+                        };
+                        out.insert((field(b":authority"), field(b":path")));
                         block.clear();
                     }
                 }
@@ -1413,6 +1523,7 @@ mod tests {
             );
             let options = Options {
                 version,
+                resource_health_status: true,
                 ..Options::default()
             };
             let kubelet =
@@ -1435,18 +1546,18 @@ mod tests {
             };
             let answer = kubelet.unprepare(DRIVER, &[gone]).await.unwrap();
             assert_eq!(answer["no-such-uid"], "", "{version}");
-            let health = kubelet.health(DRIVER).await;
+            // With the feature gate on, 1.34 and later keep the v1alpha1 stream open on their
+            // own.
+            let health = "/v1alpha1.DRAResourceHealth/NodeWatchResources";
             if version >= Version::V1_34 {
-                let first = health
-                    .unwrap_or_else(|e| panic!("{version}: the health stream: {e}"))
-                    .message()
-                    .await
-                    .unwrap()
-                    .expect("a message");
-                let device = first.devices[0].device.clone().unwrap();
-                assert_eq!(device.device_name, "gpu-0", "{version}");
+                let healthy = Some(health_v1alpha1::HealthStatus::Healthy);
+                crate::testing::wait_for(|| {
+                    kubelet.device_health(DRIVER, "node-a", "gpu-0") == healthy
+                })
+                .await;
+                assert_eq!(kubelet.health_error(DRIVER), None, "{version}");
             } else {
-                let e = health.expect_err("no health client");
+                let e = kubelet.health(DRIVER).await.expect_err("no health client");
                 assert_eq!(e.code(), tonic::Code::Unimplemented, "{version}");
             }
 
@@ -1455,21 +1566,33 @@ mod tests {
             };
             let registration = encoded(&endpoints.registration_socket());
             assert!(registration.starts_with("%2F"), "{registration}");
+            let call = |authority: &str, path: &str| (authority.to_owned(), path.to_owned());
             assert_eq!(
-                authorities(&reg),
-                BTreeSet::from([registration]),
+                requests(&reg),
+                BTreeSet::from([
+                    call(&registration, "/pluginregistration.Registration/GetInfo"),
+                    call(
+                        &registration,
+                        "/pluginregistration.Registration/NotifyRegistrationStatus"
+                    ),
+                ]),
                 "{version}: the plugin watcher dials the bare path"
             );
-            let dra_authority = if version >= Version::V1_34 {
-                "localhost".to_owned()
+            let (authority, service, watched) = if version >= Version::V1_34 {
+                ("localhost".to_owned(), "v1", true)
             } else {
-                encoded(&endpoints.dra_socket())
+                (encoded(&endpoints.dra_socket()), "v1beta1", false)
             };
-            assert_eq!(
-                authorities(&dra),
-                BTreeSet::from([dra_authority]),
-                "{version}"
+            let dra_calls = requests(&dra);
+            assert!(
+                dra_calls.iter().all(|(a, _)| *a == authority),
+                "{version}: {dra_calls:?}"
             );
+            let paths: Vec<&str> = dra_calls.iter().map(|(_, p)| p.as_str()).collect();
+            let unprepare =
+                format!("/k8s.io.kubelet.pkg.apis.dra.{service}.DRAPlugin/NodeUnprepareResources");
+            assert!(paths.contains(&unprepare.as_str()), "{version}: {paths:?}");
+            assert_eq!(paths.contains(&health), watched, "{version}: {paths:?}");
         }
     }
 }
