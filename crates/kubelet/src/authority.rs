@@ -23,8 +23,9 @@
 //! again with literals that never enter the server's table (so the server's table stays empty
 //! and in step whatever the client indexed). Every other frame passes unchanged, and a stream
 //! that does not start with HTTP/2's client preface is passed through untouched. What the
-//! layer cannot parse (a header block HPACK refuses, a frame out of HTTP/2's order, a header
-//! block over [`MAX_HEADER_BLOCK`]) ends the connection, as the server would.
+//! layer cannot parse (a header block HPACK refuses, a frame out of HTTP/2's order: the server
+//! would end the connection too) or will not hold (a header block over [`MAX_HEADER_BLOCK`])
+//! ends the connection.
 //!
 //! The kubelet stand-ins use [`Rewrite::outbound`] the other way: their client (tonic, which
 //! cannot even represent such an authority) sends exactly what kubelet's grpc-go sends.
