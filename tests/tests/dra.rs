@@ -21,7 +21,7 @@ use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim, validate};
 use wdp_dra::kubelet::{KubeletStandIn, Options as KubeletOptions, PodError};
 use wdp_dra::plugin::ClaimRef;
 use wdp_dra::proto::dra_v1;
-use wdp_dra::proto::health_v1::HealthStatus;
+use wdp_dra::proto::health_v1alpha1::HealthStatus;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;

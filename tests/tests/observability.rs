@@ -818,6 +818,9 @@ async fn a_writable_mount_under_a_read_only_sys_root_is_warned_of_and_reported()
     );
 
     host.terminate().await;
+    kubelet.stop().await;
+}
+
 /// kubelet restarting as a real one does, stopped (SIGTERM) and then killed: its `kubelet.sock`
 /// stays in place, refusing connections, until the next kubelet starts. The ListAndWatch stream
 /// that ends with it is no lost stream: `wdp_resource_stream_losses_total` stays 0, the log says

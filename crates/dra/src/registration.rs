@@ -28,8 +28,12 @@ pub const PLUGIN_TYPE: &str = "DRAPlugin";
 pub const DRA_V1: &str = "v1.DRAPlugin";
 /// The DRAPlugin service, v1beta1.
 pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
-/// The device health service, v1.
+/// The device health service, v1: what kubelets after 1.36 prefer when PluginInfo lists it.
 pub const HEALTH_V1: &str = "v1.DRAResourceHealth";
+/// The device health service, v1alpha1: kubelet 1.34 to 1.36 open it on every driver whatever
+/// PluginInfo lists (their ResourceHealthStatus gate on); later kubelets when it is listed and
+/// v1 is not.
+pub const HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
 
 /// Where a driver's sockets go and what it serves.
 #[derive(Clone, Debug)]
@@ -61,6 +65,7 @@ impl Endpoints {
         let mut v = vec![DRA_V1.to_owned(), DRA_V1BETA1.to_owned()];
         if self.health {
             v.push(HEALTH_V1.to_owned());
+            v.push(HEALTH_V1ALPHA1.to_owned());
         }
         v
     }
@@ -217,7 +222,14 @@ mod tests {
             },
         ));
 
-        let mut client = RegistrationClient::new(crate::testing::channel(&socket).await);
+        // Dialled as kubelet's plugin watcher dials: the percent-encoded socket path as
+        // `:authority`.
+        crate::testing::wait_for(|| socket.exists()).await;
+        let authority = wdp_kubelet::authority::grpc_go_passthrough(&socket);
+        let channel = wdp_kubelet::transport::connect_with_authority(&socket, authority)
+            .await
+            .unwrap();
+        let mut client = RegistrationClient::new(channel);
         let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.r#type, "DRAPlugin");
         assert_eq!(info.name, "gpu.example.com");
@@ -230,7 +242,12 @@ mod tests {
         );
         assert_eq!(
             info.supported_versions,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
 
         assert_eq!(status.get(), RegistrationState::Asked, "GetInfo is heard");

@@ -8,7 +8,9 @@
 //!   that kubelet restarted, then listens on `kubelet.sock`;
 //! - inside `Register`: checks the version and the resource name (kubelet's
 //!   `IsExtendedResourceName`, [`crate::names`]), dials the plugin's endpoint (10 s, as
-//!   kubelet's `dial`), calls `GetDevicePluginOptions`, and only then answers;
+//!   kubelet's `dial`, whose `WithAuthority("localhost")` every release from 1.32 to 1.35 keeps:
+//!   [`transport::connect`] sends the same), calls `GetDevicePluginOptions`, and only then
+//!   answers;
 //! - then consumes `ListAndWatch`, one stream per registration, reporting every list. When a
 //!   stream ends while the stand-in runs, the resource's devices become unhealthy and its
 //!   endpoint is stopped (`PluginDisconnected`): calls on it fail until the plugin registers

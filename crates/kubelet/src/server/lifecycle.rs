@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, watch};
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use super::PluginSockets;
@@ -445,9 +444,11 @@ async fn serve<P: ResourcePlugin>(
         stop: stop.clone(),
         ..service
     };
+    // kubelet's device-plugin client sends `localhost`; other clients' authorities are accepted
+    // as on every socket kubelet dials (crate::authority).
     let result = tonic::transport::Server::builder()
         .add_service(DevicePluginServer::new(service))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled_owned())
+        .serve_with_incoming_shutdown(crate::authority::incoming(listener), stop.cancelled_owned())
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "device plugin server failed");
