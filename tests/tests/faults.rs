@@ -99,7 +99,7 @@ async fn streams_closed_at_random() {
         x ^= x << 17;
         let mut c = client.clone();
         let mut stream = c.list_and_watch(Empty {}).await.unwrap().into_inner();
-        let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        let first = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
             .await
             .expect("first list in time")
             .unwrap()

@@ -293,7 +293,7 @@ mod tests {
                 std::fs::write(dev.join("bus").join(&name), "").unwrap();
                 expected.push(name);
             }
-            tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            tokio::time::timeout(Duration::from_secs(30), rx.changed())
                 .await
                 .expect("the change is reported")
                 .unwrap();
