@@ -361,7 +361,8 @@ async fn every_resource_reregisters_after_each_kubelet_restart() {
     let plugins = f.plugin_dir();
     // The host comes up with no kubelet at all: it must wait, not exit.
     let host = Host::start(&config, &plugins, &f);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    host.logged("kubelet socket absent; waiting for it", 1)
+        .await;
     let expected = [
         "devices.example.com/kvm",
         "devices.example.com/tun",
