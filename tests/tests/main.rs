@@ -15,6 +15,7 @@
 //! concurrent tests by design.
 
 mod attacks;
+mod attacks_output;
 mod authoring;
 mod catalogue;
 mod cdi_podman;
