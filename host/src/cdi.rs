@@ -544,14 +544,21 @@ mod tests {
         // A change of attributes only is not in the spec: the file is not written again.
         std::fs::write(&path, "kept").unwrap();
         let mut attributed = tree.clone();
-        if let Some(card) = attributed.0.get_mut("i915").and_then(|g| g.get_mut("card0")) {
+        if let Some(card) = attributed
+            .0
+            .get_mut("i915")
+            .and_then(|g| g.get_mut("card0"))
+        {
             card.attributes
                 .capacities
                 .insert("memory".into(), "16Gi".into());
         }
         let served = w.sync(attributed);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
-        assert_eq!(served.0["i915"]["card0"].attributes.capacities["memory"], "16Gi");
+        assert_eq!(
+            served.0["i915"]["card0"].attributes.capacities["memory"],
+            "16Gi"
+        );
         w.sync(tree.clone());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
 

@@ -471,10 +471,16 @@ mod tests {
         let card = &tree.0["a"]["d0"].attributes;
         assert_eq!(card.capacities["memory"], "1");
         assert!(check(&"x".repeat(16), "1").is_ok());
-        for (text, quantity) in [("x".repeat(17), "1".to_string()), ("x".into(), "1".repeat(17))] {
+        for (text, quantity) in [
+            ("x".repeat(17), "1".to_string()),
+            ("x".into(), "1".repeat(17)),
+        ] {
             let err = check(&text, &quantity).unwrap_err();
             assert_eq!(err.rule(), "max-string-bytes", "{err}");
-            assert!(err.to_string().contains("attributes of device \"d0\""), "{err}");
+            assert!(
+                err.to_string().contains("attributes of device \"d0\""),
+                "{err}"
+            );
         }
         // The tree alone: "a", "d0", "/dev/x", "/dev/kvm", "rw" (19 bytes); the entry: "a",
         // "d0", "model", "memory" (14 bytes), then its two values of 16 bytes: 65 bytes.

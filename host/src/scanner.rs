@@ -104,7 +104,11 @@ impl EventSink {
 }
 
 impl EventSink {
-    fn event(&mut self, tree: wit::DeviceTree, attributes: Vec<wit::DeviceAttributes>) -> ScannerEvent {
+    fn event(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+    ) -> ScannerEvent {
         checked(&mut self.validator, tree, attributes)
     }
 
@@ -117,8 +121,7 @@ impl EventSink {
     async fn deliver(&mut self, latest: &mut Latest) -> SinkClosed {
         loop {
             latest.ready().await;
-            let Ok(mut permits) = self.events.reserve_many(self.events.max_capacity()).await
-            else {
+            let Ok(mut permits) = self.events.reserve_many(self.events.max_capacity()).await else {
                 latest.close();
                 return SinkClosed;
             };
@@ -215,11 +218,7 @@ pub async fn supervise(
 /// The guest's notifies are coalesced ([`crate::coalesce`]); `sink` validates and sends what
 /// they leave, beside the guest in this task, and whatever is pending when `scan` ends (the last
 /// tree before a trap included) is sent before the outcome.
-async fn run_once(
-    sandbox: &Sandbox,
-    scanner: &Scanner,
-    mut sink: EventSink,
-) -> Result<(), String> {
+async fn run_once(sandbox: &Sandbox, scanner: &Scanner, mut sink: EventSink) -> Result<(), String> {
     // A new instance: its memory is counted afresh, and its first scan starts now.
     scanner.guest.metrics.memory_reset();
     scanner.guest.metrics.woke();

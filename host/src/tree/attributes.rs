@@ -521,7 +521,10 @@ mod tests {
             ("/x", "empty prefix"),
             ("a/b/c", "two slashes"),
             // Kubernetes checks the prefix as a driver name: at most 63 bytes.
-            (&format!("{}.b/x", "a".repeat(MAX_PREFIX - 1)) as &str, "long prefix"),
+            (
+                &format!("{}.b/x", "a".repeat(MAX_PREFIX - 1)) as &str,
+                "long prefix",
+            ),
         ] {
             assert_eq!(check_name(bad), Err(AttributeRule::QualifiedName), "{why}");
         }
@@ -601,7 +604,11 @@ mod tests {
         );
         // 33 two-byte characters: 66 bytes; 64 four-byte characters: 256 bytes. Kubernetes
         // counts bytes, so both would be refused by the API server.
-        for value in ["é".repeat(33), "\u{1F600}".repeat(64), format!("{}é", "s".repeat(63))] {
+        for value in [
+            "é".repeat(33),
+            "\u{1F600}".repeat(64),
+            format!("{}é", "s".repeat(63)),
+        ] {
             assert!(value.chars().count() <= MAX_VALUE && value.len() > MAX_VALUE);
             refused(
                 vec![entry(vec![("model", text(&value))], vec![])],
@@ -642,10 +649,14 @@ mod tests {
 
     #[test]
     fn capacities_are_quantities() {
-        for ok in ["1", "16Gi", "500m", "1.5", ".5", "+2", "1e3", "2E-2", "0", "1.", "-3k"] {
+        for ok in [
+            "1", "16Gi", "500m", "1.5", ".5", "+2", "1e3", "2E-2", "0", "1.", "-3k",
+        ] {
             assert!(is_quantity(ok), "{ok}");
         }
-        for bad in ["", "Gi", "1GB", "1.2.3", "e3", "1e", "--1", "1 Gi", ".", "1e+"] {
+        for bad in [
+            "", "Gi", "1GB", "1.2.3", "e3", "1e", "--1", "1 Gi", ".", "1e+",
+        ] {
             assert!(!is_quantity(bad), "{bad}");
         }
         refused(
