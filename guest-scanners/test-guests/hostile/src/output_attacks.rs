@@ -16,7 +16,9 @@
 //!   round, then one more tree whose last device is `done` instead.
 
 use wdp_guest::types::{AttributeValue, Device, DeviceAttributes};
-use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify, notify_with_attributes};
+use wdp_guest::{
+    DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify, notify_with_attributes,
+};
 
 /// The attacks of this module, as `ATTACK` names them.
 pub const OUTPUT_ATTACKS: [&str; 4] = [
@@ -64,17 +66,24 @@ fn one(dev_type: &str, ids: &[&str]) -> DeviceTree {
 
 /// `count` devices `d<i>` of `dev_type` (the last one `done` instead when `done`), each with a
 /// model, a firmware version and a round counter, and a memory capacity.
-fn many(dev_type: &str, count: usize, round: i64, done: bool) -> (DeviceTree, Vec<DeviceAttributes>) {
+fn many(
+    dev_type: &str,
+    count: usize,
+    round: i64,
+    done: bool,
+) -> (DeviceTree, Vec<DeviceAttributes>) {
     let mut ids: Vec<String> = (0..count).map(|i| format!("d{i}")).collect();
     if done && let Some(last) = ids.last_mut() {
         *last = "done".into();
     }
     let mut t = TreeBuilder::new();
     // Pushed directly: the builder's duplicate check is linear per add.
-    t.group(dev_type).devices.extend(ids.iter().map(|id| Device {
-        id: id.clone(),
-        info: DeviceInfo::new(),
-    }));
+    t.group(dev_type)
+        .devices
+        .extend(ids.iter().map(|id| Device {
+            id: id.clone(),
+            info: DeviceInfo::new(),
+        }));
     let attributes = ids
         .iter()
         .map(|id| {
