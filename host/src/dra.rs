@@ -268,7 +268,12 @@ pub fn pool(node: &str, tree: &DeviceTree) -> Pool {
                     .iter()
                     .map(|(name, value)| (name.clone(), dra_value(value)))
                     .collect(),
-                capacity: info.attributes.capacities.clone(),
+                capacity: info
+                    .attributes
+                    .capacities
+                    .iter()
+                    .map(|(name, quantity)| (name.clone(), quantity.clone()))
+                    .collect(),
                 ..Device::default()
             });
         }

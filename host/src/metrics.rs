@@ -73,6 +73,9 @@ pub struct ScannerMetrics {
     pub trees_accepted: Counter,
     /// Trees refused as a whole.
     pub trees_refused: Counter,
+    /// Notified trees replaced by a later one before they were validated: a burst of notifies
+    /// reaches kubelet as its latest tree.
+    pub notifies_coalesced: Counter,
     /// Times the guest failed and was (or would have been) restarted.
     pub failures: Counter,
     /// Unix seconds of the last accepted tree.
@@ -94,6 +97,7 @@ impl Default for ScannerMetrics {
         ScannerMetrics {
             trees_accepted: Counter::default(),
             trees_refused: Counter::default(),
+            notifies_coalesced: Counter::default(),
             failures: Counter::default(),
             last_scan: Gauge::default(),
             memory: Gauge::default(),
@@ -389,6 +393,13 @@ fn scanner_families(
         "Device trees the scanner notified that were refused as a whole (the last good tree stays served).",
         None,
         by(|m| &m.trees_refused),
+    )?;
+    family(
+        e,
+        "scanner_notifies_coalesced",
+        "Notified trees replaced by a later one of the same burst before validation (a scanner's trees reach kubelet at most every 100 ms, the latest winning).",
+        None,
+        by(|m| &m.notifies_coalesced),
     )?;
     let gauges = |f: fn(&ScannerMetrics) -> &Gauge| {
         scanners

@@ -16,6 +16,7 @@
 
 mod attacks;
 mod attacks_hostfs;
+mod attacks_output;
 mod authoring;
 mod catalogue;
 mod cdi_podman;

@@ -118,9 +118,20 @@ impl<P: ResourcePlugin> ResourceServer<P> {
         &self.plugin
     }
 
-    /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
+    /// Replaces the devices; every open ListAndWatch stream sends their list when it differs
+    /// from the one before. Never blocks.
+    ///
+    /// What kubelet sees of the devices is their list (ids, health, topology); what else changed
+    /// (a device's mounts, say) is answered from the new devices on the next Allocate without a
+    /// list sent for nothing: a scanner that changes only that, over and over, must not flood
+    /// kubelet with identical lists.
     pub fn update(&self, devices: Arc<P::Devices>) {
-        self.devices.send_replace(devices);
+        let list = P::list(&devices);
+        self.devices.send_if_modified(|current| {
+            let changed = P::list(current) != list;
+            *current = devices;
+            changed
+        });
     }
 
     /// Stops serving: streams end, the socket is removed. Returns once all of that is done.
@@ -279,6 +290,15 @@ mod tests {
         assert_eq!(
             next_list(&mut observed, "example.com/ids").await,
             ["a", "b"]
+        );
+
+        // Devices whose list is the same are served without a list sent: the next list seen
+        // is the one after them.
+        server.update(Arc::new(vec!["a".into(), "b".into()]));
+        server.update(Arc::new(vec!["a".into(), "b".into(), "c".into()]));
+        assert_eq!(
+            next_list(&mut observed, "example.com/ids").await,
+            ["a", "b", "c"]
         );
 
         // Allocate reaches the plugin with the list as it is now; its refusal is kubelet's error.
