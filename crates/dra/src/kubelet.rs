@@ -1211,7 +1211,8 @@ mod tests {
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(plugin))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+                // As a driver serves it: kubelet's dial sends the socket path as `:authority`.
+                .serve_with_incoming(wdp_kubelet::authority::incoming(listener)),
         );
         kubelet
             .registered("late.example.com", Duration::from_secs(20))
