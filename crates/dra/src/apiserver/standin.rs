@@ -528,8 +528,8 @@ impl ApiServerStandIn {
     }
 
     /// While `lost` is true, slice changes are stored but no open watch hears of them, as if
-    /// the events were lost between the API server and its clients: what a client's periodic
-    /// re-list is for.
+    /// the events were lost between the API server and its clients; a watch started or resumed
+    /// afterwards replays them from the history.
     pub fn lose_watch_events(&self, lost: bool) {
         lock(&self.state).muted = lost;
     }
