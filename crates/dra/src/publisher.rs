@@ -6,8 +6,9 @@
 //! a [`SliceCache`], and a pass compares the slices the inventory gives
 //! ([`crate::slices::pool_slices`]) with that cache: it writes what differs, deletes what is not
 //! wanted (a pool gone, a slice no longer needed), and reads nothing. A pass runs at every
-//! inventory change and at every watch event: the echo of the publisher's own write matches
-//! the cache and writes nothing, while kubelet's deletions (all of a node's slices when it
+//! inventory change and at every watch event that changes the cache: the echo of the
+//! publisher's own write is already known from the write's answer and starts none, while
+//! kubelet's deletions (all of a node's slices when it
 //! starts, a driver's 30 s after it stopped being usable) and another writer's changes differ
 //! and are repaired within milliseconds. A pass that lists first can be asked for without
 //! changing anything, with `send_modify(|_| ())` on the inventory's sender: what wdp does when
@@ -212,30 +213,33 @@ impl<S: SliceStore> Publisher<S> {
         Ok(report)
     }
 
-    /// What the watch of `node` saw, into its cache.
-    fn observe(&mut self, node: &str, seen: Observation) {
+    /// What the watch of `node` saw, into its cache; whether that may call for a write (a
+    /// list, or an event that changed what is known; not the echo of an own write).
+    fn observe(&mut self, node: &str, seen: Observation) -> bool {
         if !self.nodes.contains(node) {
             // Its watch was stopped after this was sent.
-            return;
+            return false;
         }
         match seen {
-            Observation::Listed(list) => match self.caches.get_mut(node) {
-                Some(cache) => cache.listed(list),
-                None => {
-                    self.caches
-                        .insert(node.to_owned(), SliceCache::from_list(list));
+            Observation::Listed(list) => {
+                match self.caches.get_mut(node) {
+                    Some(cache) => cache.listed(list),
+                    None => {
+                        self.caches
+                            .insert(node.to_owned(), SliceCache::from_list(list));
+                    }
                 }
-            },
-            Observation::Changed(event) => {
-                if let Some(cache) = self.caches.get_mut(node) {
-                    cache.observed(&event);
-                }
+                true
             }
+            Observation::Changed(event) => self
+                .caches
+                .get_mut(node)
+                .is_some_and(|cache| cache.observed(&event)),
         }
     }
 
     /// Publishes until `shutdown` completes: a pass at every inventory change and at every
-    /// watch event, each comparing with the watched state and writing only what differs. A
+    /// watch event that changes what is known, each comparing with the watched state and writing only what differs. A
     /// failed pass is logged and tried again after a pause ([`Backoff`]); changes meanwhile
     /// wait for it.
     pub async fn run(
@@ -299,12 +303,11 @@ impl<S: SliceStore> Publisher<S> {
                     due = true;
                 }
                 Some((node, observed)) = seen.recv() => {
-                    self.observe(&node, observed);
+                    due |= self.observe(&node, observed);
                     // Events that came together make one pass.
                     while let Ok((node, observed)) = seen.try_recv() {
-                        self.observe(&node, observed);
+                        due |= self.observe(&node, observed);
                     }
-                    due = true;
                 }
                 () = retry => {}
             }

@@ -72,8 +72,9 @@ impl SliceCache {
         self.slices = slices;
     }
 
-    /// One watch event.
-    pub fn observed(&mut self, event: &WatchEvent) {
+    /// One watch event; whether it changed what is known (the echo of this publisher's own
+    /// write, already known from its answer, does not).
+    pub fn observed(&mut self, event: &WatchEvent) -> bool {
         match event {
             WatchEvent::Added(s) | WatchEvent::Modified(s) => {
                 let name = name(s);
@@ -83,15 +84,16 @@ impl SliceCache {
                     .get(&name)
                     .is_some_and(|h| stale(news, version(h)))
                 {
-                    return;
+                    return false;
                 }
                 if let Some(gone) = self.deleted.get(&name)
                     && (stale(news, *gone) || gone.is_none())
                 {
-                    return;
+                    return false;
                 }
                 self.deleted.remove(&name);
                 self.slices.insert(name, s.clone());
+                true
             }
             WatchEvent::Deleted(s) => {
                 let name = name(s);
@@ -100,12 +102,12 @@ impl SliceCache {
                     .get(&name)
                     .is_some_and(|h| stale(version(s), version(h)))
                 {
-                    return;
+                    return false;
                 }
                 self.deleted.remove(&name);
-                self.slices.remove(&name);
+                self.slices.remove(&name).is_some()
             }
-            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Bookmark(_) => false,
         }
     }
 
@@ -149,12 +151,15 @@ mod tests {
         });
         // Own update answered at 7; the watch then brings an older change and the echo.
         cache.wrote(at("a", 7, 2));
-        cache.observed(&WatchEvent::Modified(at("a", 6, 3)));
+        assert!(!cache.observed(&WatchEvent::Modified(at("a", 6, 3))));
         assert_eq!(devices(&cache, "a"), Some(2));
-        cache.observed(&WatchEvent::Modified(at("a", 7, 2)));
+        assert!(
+            !cache.observed(&WatchEvent::Modified(at("a", 7, 2))),
+            "the echo"
+        );
         assert_eq!(devices(&cache, "a"), Some(2));
         // Someone else changes it later: taken.
-        cache.observed(&WatchEvent::Modified(at("a", 9, 4)));
+        assert!(cache.observed(&WatchEvent::Modified(at("a", 9, 4))));
         assert_eq!(devices(&cache, "a"), Some(4));
         // A list taken before an own write keeps the write.
         cache.wrote(at("b", 12, 1));
@@ -172,20 +177,20 @@ mod tests {
 
         // Own delete: an older event does not bring it back, a newer creation does.
         cache.removed("a");
-        cache.observed(&WatchEvent::Modified(at("a", 9, 4)));
+        let _ = cache.observed(&WatchEvent::Modified(at("a", 9, 4)));
         assert_eq!(devices(&cache, "a"), None);
         cache.listed(SliceList {
             items: vec![at("a", 9, 4)],
             resource_version: "13".into(),
         });
         assert_eq!(devices(&cache, "a"), None, "a list from before the delete");
-        cache.observed(&WatchEvent::Deleted(at("a", 14, 4)));
-        cache.observed(&WatchEvent::Added(at("a", 15, 5)));
+        let _ = cache.observed(&WatchEvent::Deleted(at("a", 14, 4)));
+        let _ = cache.observed(&WatchEvent::Added(at("a", 15, 5)));
         assert_eq!(devices(&cache, "a"), Some(5));
         // A deletion older than what is held is not applied; a newer one is.
-        cache.observed(&WatchEvent::Deleted(at("a", 11, 5)));
+        let _ = cache.observed(&WatchEvent::Deleted(at("a", 11, 5)));
         assert_eq!(devices(&cache, "a"), Some(5));
-        cache.observed(&WatchEvent::Deleted(at("a", 16, 5)));
+        let _ = cache.observed(&WatchEvent::Deleted(at("a", 16, 5)));
         assert_eq!(devices(&cache, "a"), None);
     }
 }
