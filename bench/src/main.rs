@@ -13,7 +13,7 @@
 //!           [--idle-wdp BIN] [--guests DIR] [--native BIN] [--build-seconds S] [--quick] [--only ROW,ROW...]
 //! ```
 //!
-//! Rows: hotplug, poll, newtype, allocate, dra, restart, streamcut, startup, idle, bulk, wasm, peer, and
+//! Rows: hotplug, poll, newtype, allocate, dra, fleet, restart, streamcut, startup, idle, bulk, wasm, peer, and
 //! micro (the criterion benchmarks, through `cargo bench`). Each is measured by a module of
 //! [`scenarios`]; this file parses the arguments, runs the selected rows in order and writes the
 //! report.
@@ -32,7 +32,7 @@ use report::Report;
 use scenarios::shared::{Ctx, GUESTS};
 use scenarios::sizes::Sizes;
 use scenarios::{
-    allocate, bulk, dra, hotplug, idle, micro, native, peer, restart, startup, streamcut,
+    allocate, bulk, dra, fleet, hotplug, idle, micro, native, peer, restart, startup, streamcut,
 };
 use wdp_bench::fixtures;
 
@@ -96,12 +96,13 @@ struct Args {
 }
 
 /// The rows `--only` selects from (the run order is `main`'s).
-const ROWS: [&str; 13] = [
+const ROWS: [&str; 14] = [
     "hotplug",
     "poll",
     "newtype",
     "allocate",
     "dra",
+    "fleet",
     "restart",
     "streamcut",
     "startup",
@@ -210,6 +211,9 @@ async fn main() -> Result<()> {
     }
     if args.runs("dra") {
         dra::run(&ctx, &sizes, &mut report).await?;
+    }
+    if args.runs("fleet") {
+        fleet::run(&sizes, &mut report).await?;
     }
     if args.runs("restart") {
         restart::run(&ctx, &sizes, &mut report).await?;

@@ -36,11 +36,6 @@ use crate::tree::{AttributeValue as TreeAttributeValue, DeviceTree, Health};
 
 /// How often a removed socket is noticed and bound again.
 const SOCKET_CHECK: Duration = Duration::from_secs(1);
-/// How often the publisher lists the node's slices and repairs what differs from the inventory
-/// even when nothing changed, as an informer's resync: the watch repairs kubelet's and admins'
-/// deletions at once, and this bounds how long a watch event lost on the way (or a watch that
-/// ended without one) can leave them stale.
-const RESYNC: Duration = Duration::from_secs(10);
 /// How often the health stream repeats the whole list (kubelet marks devices it hears nothing
 /// about as unknown).
 const HEALTH_REFRESH: Duration = Duration::from_secs(10);
@@ -531,7 +526,7 @@ impl Kubelet {
     fn publish(&self) -> Publishing {
         let (stop, mut stopped) = watch::channel(false);
         let publisher = wdp_dra::publisher::Publisher::new(self.api.clone(), self.driver.clone());
-        let task = tokio::spawn(publisher.run(self.updates.clone(), RESYNC, async move {
+        let task = tokio::spawn(publisher.run(self.updates.clone(), async move {
             let _ = stopped.wait_for(|s| *s).await;
         }));
         Publishing { stop, task }

@@ -782,8 +782,10 @@ async fn a_pod_asking_for_an_extended_resource_gets_each_container_its_own_devic
 
 /// kubelet's two wipes of slices and a watch event lost on the way: the driver gone longer than
 /// kubelet's wiping delay (shortened here) loses its slices, and the next wdp publishes them
-/// again; a kubelet starting deletes every slice of its node, and they come back; slices deleted
-/// while the watch hears nothing of it come back through the periodic re-list (10 s).
+/// again; a kubelet starting deletes every slice of its node, and they come back; at rest wdp
+/// makes no request but its watch (resumed after each timeout, never a list), and slices deleted
+/// while the watch heard nothing of it come back when the watch resumes and the API server
+/// replays what it missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slices_come_back_after_kubelet_wipes_them_and_after_a_lost_watch_event() {
     let (f, dirs, api, config) = setup().await;
@@ -820,15 +822,25 @@ async fn slices_come_back_after_kubelet_wipes_them_and_after_a_lost_watch_event(
         "deleted and created again: {before:?} then {after:?}"
     );
 
-    // The deletion's events lost: the watch sees nothing, the re-list brings them back. The
-    // wipe comes just after a re-list (the publisher's list call), so the next is 10 s away.
-    let lists = api.lists();
-    eventually_within(Duration::from_secs(15), "a periodic re-list", || async {
-        (api.lists() > lists).then_some(())
-    })
-    .await;
+    // At rest, over several watch timeouts (the API server ends the watch, wdp resumes it):
+    // no list and no write, only the open watch.
+    let (lists, writes) = (api.lists(), api.writes());
+    for _ in 0..3 {
+        let watches = api.watches();
+        api.end_watches();
+        eventually_within(Duration::from_secs(15), "the watch resumed", || async {
+            (api.watches() > watches).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(
+        (api.lists(), api.writes()),
+        (lists, writes),
+        "nothing but the watch at rest"
+    );
+
+    // The deletion's events lost on the way: nothing heard, nothing repaired...
     api.lose_watch_events(true);
-    let wiped = Instant::now();
     assert!(api.wipe_slices(Some(NODE), Some(DRIVER)) > 0);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -836,16 +848,17 @@ async fn slices_come_back_after_kubelet_wipes_them_and_after_a_lost_watch_event(
         Vec::<(String, String)>::new(),
         "nothing heard, nothing repaired yet"
     );
-    // Within a re-list period (10 s), and what a loaded machine adds to it; not at once.
+    // ...until the watch ends (its timeout) and is resumed from where it was: the API server
+    // replays the changes since, and the slices come back without a list.
+    api.lose_watch_events(false);
+    api.end_watches();
     eventually_within(
         Duration::from_secs(30),
-        "slices back through the re-list",
+        "slices back through the resumed watch",
         || async { (published(&api).len() == 2).then_some(()) },
     )
     .await;
-    let back = wiped.elapsed();
-    eprintln!("slices back {back:?} after a lost watch event");
-    api.lose_watch_events(false);
+    assert_eq!(api.lists(), lists, "resumed, not listed again");
     assert!(host.terminate().await.success());
     drop(seen);
     dp_kubelet.stop().await;

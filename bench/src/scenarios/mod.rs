@@ -7,6 +7,7 @@
 //! | [`hotplug`] | `hotplug`, `poll`, `newtype` |
 //! | [`allocate`] | `allocate` |
 //! | [`dra`] | `dra` (DRA mode: slices and NodePrepareResources) |
+//! | [`fleet`] | `fleet` (1,000 DRA publishers against one API server stand-in) |
 //! | [`restart`] | `restart` |
 //! | [`streamcut`] | `streamcut` |
 //! | [`startup`] | `startup` |
@@ -19,6 +20,7 @@
 pub mod allocate;
 pub mod bulk;
 pub mod dra;
+pub mod fleet;
 pub mod hotplug;
 pub mod idle;
 pub mod micro;

@@ -33,6 +33,10 @@ pub struct Sizes {
     pub wasm_warm: usize,
     /// Timed scans of `generic-native`.
     pub native_runs: usize,
+    /// Simulated nodes of the fleet row.
+    pub fleet_nodes: usize,
+    /// How long the fleet is watched at rest.
+    pub fleet_rest: Duration,
 }
 
 impl Sizes {
@@ -55,6 +59,8 @@ impl Sizes {
             wasm_cold: 20,
             wasm_warm: 40,
             native_runs: 200,
+            fleet_nodes: 1000,
+            fleet_rest: Duration::from_secs(60),
         }
     }
 
@@ -75,6 +81,8 @@ impl Sizes {
             wasm_cold: 3,
             wasm_warm: 5,
             native_runs: 20,
+            fleet_nodes: 1000,
+            fleet_rest: Duration::from_secs(10),
         }
     }
 }

@@ -53,8 +53,7 @@
 //! tokio::spawn(socket::serve(endpoints.registration_socket(),
 //!     tonic::service::Routes::new(registrar.into_service()), Duration::from_secs(1),
 //!     std::future::pending(), move || status.set(RegistrationState::Pending)));
-//! tokio::spawn(Publisher::new(api, driver).run(updates, Duration::from_secs(10),
-//!     std::future::pending()));
+//! tokio::spawn(Publisher::new(api, driver).run(updates, std::future::pending()));
 //! // ... and the host sends each scan's result: inventory.send(...)
 //! # drop(inventory); Ok(()) }
 //! ```

@@ -62,6 +62,8 @@ const MAX_WATCH_LINE: usize = 16 << 20;
 #[derive(Clone)]
 pub struct ApiClient {
     inner: Arc<Inner>,
+    /// How long one call may take, connect to last byte (a watch: to its headers).
+    timeout: Duration,
 }
 
 struct Inner {
@@ -126,6 +128,7 @@ impl ApiClient {
                 tls: Some((tls, name)),
                 token: Some(Token::File(dir.join("token"))),
             }),
+            timeout: CALL_TIMEOUT,
         })
     }
 
@@ -156,6 +159,7 @@ impl ApiClient {
                 tls,
                 token: target.token,
             }),
+            timeout: CALL_TIMEOUT,
         })
     }
 
@@ -169,7 +173,15 @@ impl ApiClient {
                 tls: None,
                 token: None,
             }),
+            timeout: CALL_TIMEOUT,
         }
+    }
+
+    /// The same client, giving up on a call after `timeout` instead of 30 s: how a test meets
+    /// an API server that answers too slowly without waiting that long.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// `method path` with a JSON `body`; the body of a success (2xx), else the error the
@@ -183,16 +195,18 @@ impl ApiClient {
         let call = async {
             let response = self.request(method, path, body).await?;
             let status = response.status();
+            let retry_after = retry_after(&response);
             let bytes = collect(response.into_body()).await?;
-            Ok::<_, ApiError>((status, bytes))
+            Ok::<_, ApiError>((status, retry_after, bytes))
         };
-        let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, call)
+        let timeout = self.timeout;
+        let (status, retry_after, bytes) = tokio::time::timeout(timeout, call)
             .await
-            .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
+            .map_err(|_| ApiError::Transport(format!("no answer in {timeout:?}")))??;
         if status.is_success() {
             return Ok(bytes);
         }
-        Err(error_of(status, &bytes))
+        Err(error_of(status, &bytes, retry_after))
     }
 
     /// Sends one request on a new connection; the response with its body still to be read.
@@ -388,9 +402,17 @@ fn percent_encode(s: &str) -> String {
     out
 }
 
+/// An answer's `Retry-After` in whole seconds (the form the API server sends; an HTTP date is
+/// not used by it and is ignored).
+fn retry_after<B>(response: &hyper::Response<B>) -> Option<Duration> {
+    let value = response.headers().get(hyper::header::RETRY_AFTER)?;
+    let seconds: u64 = value.to_str().ok()?.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
 /// The error a non-success answer means: its Status message (or the body) under the kind of
 /// failure the code says.
-fn error_of(status: StatusCode, bytes: &[u8]) -> ApiError {
+fn error_of(status: StatusCode, bytes: &[u8], retry_after: Option<Duration>) -> ApiError {
     let message = serde_json::from_slice::<serde_json::Value>(bytes)
         .ok()
         .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
@@ -402,6 +424,7 @@ fn error_of(status: StatusCode, bytes: &[u8]) -> ApiError {
         _ => ApiError::Status {
             code: status.as_u16(),
             message,
+            retry_after,
         },
     }
 }
@@ -460,7 +483,14 @@ fn parse_event(line: &[u8]) -> Result<WatchEvent, ApiError> {
             let code = raw.object["code"].as_u64().unwrap_or(500);
             let code = StatusCode::from_u16(u16::try_from(code).unwrap_or(500))
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            Err(error_of(code, &serde_json::to_vec(&raw.object)?))
+            let retry_after = raw.object["details"]["retryAfterSeconds"]
+                .as_u64()
+                .map(Duration::from_secs);
+            Err(error_of(
+                code,
+                &serde_json::to_vec(&raw.object)?,
+                retry_after,
+            ))
         }
         other => Err(ApiError::Transport(format!(
             "unknown watch event type {other:?}"
@@ -565,15 +595,18 @@ impl SliceStore for ApiClient {
             slice_selector(node, driver),
             percent_encode(resource_version)
         );
-        let response = tokio::time::timeout(CALL_TIMEOUT, self.request(Method::GET, &path, None))
+        let timeout = self.timeout;
+        let late = |_| ApiError::Transport(format!("no answer in {timeout:?}"));
+        let response = tokio::time::timeout(timeout, self.request(Method::GET, &path, None))
             .await
-            .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
+            .map_err(late)??;
         let status = response.status();
         if !status.is_success() {
-            let bytes = tokio::time::timeout(CALL_TIMEOUT, collect(response.into_body()))
+            let retry_after = retry_after(&response);
+            let bytes = tokio::time::timeout(timeout, collect(response.into_body()))
                 .await
-                .map_err(|_| ApiError::Transport(format!("no answer in {CALL_TIMEOUT:?}")))??;
-            return Err(error_of(status, &bytes));
+                .map_err(late)??;
+            return Err(error_of(status, &bytes, retry_after));
         }
         let body = WatchBody {
             body: response.into_body(),

@@ -8,8 +8,13 @@
 //!
 //! [`watch::SliceWatcher`] turns the store's list and watch into one endless sequence of
 //! observations: it resumes a watch that ended from the last resourceVersion it saw (an event's
-//! or a bookmark's) and lists afresh when the API server answers 410 Gone.
+//! or a bookmark's) and lists afresh when the API server answers 410 Gone. [`cache::SliceCache`]
+//! keeps what the watch and the publisher's own writes say the node's slices are, so that the
+//! publisher compares with it instead of reading the API server. [`backoff::Backoff`] spaces
+//! the attempts after a failure.
 
+pub mod backoff;
+pub mod cache;
 pub mod client;
 pub mod kubeconfig;
 pub mod standin;
@@ -17,6 +22,7 @@ pub mod watch;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures::Stream;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -43,6 +49,10 @@ pub enum ApiError {
         code: u16,
         /// The Status message, or the body.
         message: String,
+        /// The answer's `Retry-After` (whole seconds), which the API server sends with 429 Too
+        /// Many Requests (its priority and fairness or max-in-flight limits) and with some 5xx:
+        /// the client waits at least this long before the next attempt.
+        retry_after: Option<Duration>,
     },
     /// No answer: connecting, TLS or HTTP failed.
     #[error("API server unreachable: {0}")]
@@ -56,6 +66,16 @@ pub enum ApiError {
     /// The kubeconfig named cannot be used.
     #[error(transparent)]
     Kubeconfig(#[from] kubeconfig::KubeconfigError),
+}
+
+impl ApiError {
+    /// How long the API server asked the client to wait (`Retry-After`), if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
 }
 
 /// Reads ResourceClaims.

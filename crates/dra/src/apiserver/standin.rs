@@ -41,11 +41,21 @@
 //! authenticates instead of the token. A test injects claims
 //! ([`ApiServerStandIn::insert_claim`]), wipes slices as kubelet does
 //! ([`ApiServerStandIn::wipe_slices`]) and reads what is stored.
+//!
+//! For the clients' behaviour under a misbehaving server it counts the requests on slices by
+//! [`Verb`] ([`ApiServerStandIn::requests`]) and answers them with injected faults
+//! ([`ApiServerStandIn::inject`]: a status such as 429 with `Retry-After`, 500, 503 or 409, or
+//! an answer slower than the client waits); it breaks open watches mid-stream
+//! ([`ApiServerStandIn::reset_watches`]); and after every slice change it checks each pool as
+//! the scheduler reads it (the slices of its highest generation must agree on
+//! `resourceSliceCount`, be no more than that many, and name each device once), recording what
+//! breaks that ([`ApiServerStandIn::pool_violations`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -66,7 +76,46 @@ const CLAIMS_PREFIX: &str = "/apis/resource.k8s.io/v1/namespaces/";
 const NODES_PREFIX: &str = "/api/v1/nodes/";
 
 /// An answer's body: whole, or a watch's events as they come.
-type Body = UnsyncBoxBody<Bytes, Infallible>;
+type Body = UnsyncBoxBody<Bytes, BodyError>;
+/// What ends an answer's body early: the connection is dropped mid-answer (a reset).
+type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A kind of request on ResourceSlices, as the stand-in counts and fails them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verb {
+    /// `GET .../resourceslices/NAME`.
+    Get,
+    /// `GET .../resourceslices`.
+    List,
+    /// `GET .../resourceslices?watch=true`.
+    Watch,
+    /// `POST .../resourceslices`.
+    Create,
+    /// `PUT .../resourceslices/NAME`.
+    Update,
+    /// `DELETE .../resourceslices/NAME`.
+    Delete,
+    /// `DELETE .../resourceslices`.
+    DeleteCollection,
+}
+
+/// How the stand-in misbehaves on one request.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// Answered with this status (a Status body with the usual reason) and, when given,
+    /// `Retry-After: seconds`, without serving it: 429 as priority and fairness throttles, 500
+    /// and 503 as an overloaded or restarting API server, 409 Conflict as a write that lost a
+    /// race.
+    Status {
+        /// The HTTP status code.
+        code: u16,
+        /// The `Retry-After` header, in seconds.
+        retry_after: Option<u64>,
+    },
+    /// Served, but answered only after this long: beyond the client's timeout the client sees
+    /// a failure although a write was done.
+    Slow(Duration),
+}
 /// An answer.
 type Answer = Response<Body>;
 
@@ -183,6 +232,12 @@ struct State {
     unauthorized: u64,
     /// Requests authenticated by a client certificate.
     by_certificate: u64,
+    /// Requests on slices by verb, including those refused or failed.
+    requests: BTreeMap<Verb, u64>,
+    /// What the next requests of a verb meet, in order (`None`: served).
+    faults: BTreeMap<Verb, VecDeque<Option<Fault>>>,
+    /// What the pool checks found, in order.
+    violations: Vec<String>,
 }
 
 /// One open watch: its field selector and where its events go.
@@ -190,7 +245,8 @@ struct Watcher {
     id: u64,
     node: Option<String>,
     driver: Option<String>,
-    events: mpsc::UnboundedSender<Bytes>,
+    /// An event line, or `None`: break the connection.
+    events: mpsc::UnboundedSender<Option<Bytes>>,
 }
 
 /// A watch event as the API server writes it: one JSON object and a newline.
@@ -218,13 +274,60 @@ impl State {
             .unwrap_or(self.version);
         let line = event_line(kind, slice);
         self.history.push((version, slice.clone(), line.clone()));
+        self.check_pool(&slice.spec.driver, &slice.spec.pool.name);
         self.changes.send_modify(|n| *n += 1);
         if self.muted {
             return;
         }
         self.watchers.retain(|w| {
-            !selected(slice, &w.node, &w.driver) || w.events.send(line.clone()).is_ok()
+            !selected(slice, &w.node, &w.driver) || w.events.send(Some(line.clone())).is_ok()
         });
+    }
+
+    /// The pool `driver`/`pool` as the scheduler would read it now: its slices of the highest
+    /// generation must agree on `resourceSliceCount`, be at most that many, and name each
+    /// device once; what does not is recorded.
+    fn check_pool(&mut self, driver: &str, pool: &str) {
+        let slices: Vec<&ResourceSlice> = self
+            .slices
+            .values()
+            .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool)
+            .collect();
+        let Some(generation) = slices.iter().map(|s| s.spec.pool.generation).max() else {
+            return;
+        };
+        let newest: Vec<&&ResourceSlice> = slices
+            .iter()
+            .filter(|s| s.spec.pool.generation == generation)
+            .collect();
+        let counts: std::collections::BTreeSet<i64> = newest
+            .iter()
+            .map(|s| s.spec.pool.resource_slice_count)
+            .collect();
+        let mut found = Vec::new();
+        if counts.len() > 1 {
+            found.push(format!("resourceSliceCount disagrees: {counts:?}"));
+        }
+        if let Some(count) = counts.first()
+            && i64::try_from(newest.len()).unwrap_or(i64::MAX) > *count
+        {
+            found.push(format!(
+                "{} slices, resourceSliceCount {count}",
+                newest.len()
+            ));
+        }
+        let mut names = HashSet::new();
+        for device in newest.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+            if !names.insert(device.name.as_str()) {
+                found.push(format!("device {} twice", device.name));
+            }
+        }
+        for why in found {
+            let at = self.version;
+            self.violations.push(format!(
+                "pool {driver}/{pool} generation {generation} at resourceVersion {at}: {why}"
+            ));
+        }
     }
 
     /// Removes the slice `name`, as a delete does: the DELETED event carries the object at the
@@ -367,6 +470,56 @@ impl ApiServerStandIn {
         lock(&self.state).watchers.clear();
     }
 
+    /// Forgets the change history and ends every open watch with an `ERROR` event 410 Expired,
+    /// as the API server does when a watcher fell behind its watch cache: the watcher cannot
+    /// resume and must list again.
+    pub fn expire_watches(&self) {
+        let mut state = lock(&self.state);
+        state.compacted = state.version;
+        state.history.clear();
+        let line = event_line("ERROR", &expired(state.version, state.compacted));
+        for w in std::mem::take(&mut state.watchers) {
+            let _ = w.events.send(Some(line.clone()));
+        }
+    }
+
+    /// Breaks every open watch mid-answer (the connection dropped without the chunked answer's
+    /// end, as a restarting API server or a load balancer does): the client sees an error, not
+    /// an end.
+    pub fn reset_watches(&self) {
+        for w in std::mem::take(&mut lock(&self.state).watchers) {
+            let _ = w.events.send(None);
+        }
+    }
+
+    /// The next `times` requests of `verb` meet `fault`.
+    pub fn inject(&self, verb: Verb, fault: Fault, times: usize) {
+        self.inject_after(verb, 0, fault, times);
+    }
+
+    /// The next `served` requests of `verb` are served, then `times` meet `fault`.
+    pub fn inject_after(&self, verb: Verb, served: usize, fault: Fault, times: usize) {
+        let mut state = lock(&self.state);
+        let queue = state.faults.entry(verb).or_default();
+        queue.extend(std::iter::repeat_n(None, served));
+        queue.extend(std::iter::repeat_n(Some(fault), times));
+    }
+
+    /// How many requests of `verb` on slices arrived so far, whatever their answer.
+    pub fn requests(&self, verb: Verb) -> u64 {
+        lock(&self.state)
+            .requests
+            .get(&verb)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Every time a pool was not as the scheduler can use it (see the module documentation),
+    /// in order.
+    pub fn pool_violations(&self) -> Vec<String> {
+        lock(&self.state).violations.clone()
+    }
+
     /// A receiver that is marked changed at every slice change (create, update, delete, wipe):
     /// how a benchmark times a change reaching the API server without polling or a watch's HTTP
     /// in between.
@@ -375,8 +528,8 @@ impl ApiServerStandIn {
     }
 
     /// While `lost` is true, slice changes are stored but no open watch hears of them, as if
-    /// the events were lost between the API server and its clients: what a client's periodic
-    /// re-list is for.
+    /// the events were lost between the API server and its clients; a watch started or resumed
+    /// afterwards replays them from the history.
     pub fn lose_watch_events(&self, lost: bool) {
         lock(&self.state).muted = lost;
     }
@@ -509,7 +662,11 @@ fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Answer 
 
 fn respond(code: StatusCode, body: &impl serde::Serialize) -> Answer {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
+    let mut response = Response::new(
+        Full::new(Bytes::from(bytes))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
     *response.status_mut() = code;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -578,6 +735,14 @@ async fn handle(
     request: Request<Incoming>,
     client_cert: bool,
 ) -> Answer {
+    let verb = verb_of(
+        request.method(),
+        request.uri().path(),
+        request.uri().query(),
+    );
+    if let Some(verb) = verb {
+        *lock(state).requests.entry(verb).or_default() += 1;
+    }
     let token = lock(state).token.clone().filter(|_| !client_cert);
     if client_cert {
         lock(state).by_certificate += 1;
@@ -592,6 +757,57 @@ async fn handle(
             return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
         }
     }
+    let fault = verb.and_then(|v| lock(state).faults.get_mut(&v)?.pop_front().flatten());
+    let answer = match fault {
+        Some(Fault::Status { code, retry_after }) => {
+            let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut answer = status(
+                code,
+                code.canonical_reason().unwrap_or("Failure"),
+                format!("injected {code}"),
+            );
+            if let Some(seconds) = retry_after {
+                answer.headers_mut().insert(
+                    hyper::header::RETRY_AFTER,
+                    hyper::header::HeaderValue::from(seconds),
+                );
+            }
+            return answer;
+        }
+        Some(Fault::Slow(delay)) => Some(delay),
+        None => None,
+    };
+    let served = serve(state, request).await;
+    if let Some(delay) = answer {
+        tokio::time::sleep(delay).await;
+    }
+    served
+}
+
+/// The verb of a request on slices; `None` for other resources.
+fn verb_of(method: &Method, path: &str, query: Option<&str>) -> Option<Verb> {
+    if path == SLICES {
+        return match *method {
+            Method::GET if param(query, "watch").is_some_and(|w| w == "true" || w == "1") => {
+                Some(Verb::Watch)
+            }
+            Method::GET => Some(Verb::List),
+            Method::POST => Some(Verb::Create),
+            Method::DELETE => Some(Verb::DeleteCollection),
+            _ => None,
+        };
+    }
+    path.strip_prefix(SLICES)?.strip_prefix('/')?;
+    match *method {
+        Method::GET => Some(Verb::Get),
+        Method::PUT => Some(Verb::Update),
+        Method::DELETE => Some(Verb::Delete),
+        _ => None,
+    }
+}
+
+/// Serves an authenticated request.
+async fn serve(state: &Arc<Mutex<State>>, request: Request<Incoming>) -> Answer {
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let query = request.uri().query().map(str::to_owned);
@@ -662,6 +878,19 @@ async fn handle(
     )
 }
 
+/// The Status of a watch from `version` when the history starts at `compacted`.
+fn expired(version: u64, compacted: u64) -> serde_json::Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("too old resource version: {version} ({compacted})"),
+        "reason": "Expired",
+        "code": 410,
+    })
+}
+
 fn not_found(resource: &str, name: &str) -> Answer {
     status(
         StatusCode::NOT_FOUND,
@@ -706,21 +935,12 @@ fn watch(state: &Arc<Mutex<State>>, query: Option<&str>) -> Answer {
         .and_then(|t| t.parse().ok())
         .map(std::time::Duration::from_secs);
     let allow_bookmarks = param(query, "allowWatchBookmarks").is_some_and(|b| b == "true");
-    let (events, received) = mpsc::unbounded_channel::<Bytes>();
+    let (events, received) = mpsc::unbounded_channel::<Option<Bytes>>();
     let mut st = lock(state);
     st.watches += 1;
     match since {
         Some(v) if v < st.compacted => {
-            let gone = json!({
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Failure",
-                "message": format!("too old resource version: {v} ({})", st.compacted),
-                "reason": "Expired",
-                "code": 410,
-            });
-            let _ = events.send(event_line("ERROR", &gone));
+            let _ = events.send(Some(event_line("ERROR", &expired(v, st.compacted))));
             drop(events);
         }
         since => {
@@ -739,7 +959,7 @@ fn watch(state: &Arc<Mutex<State>>, query: Option<&str>) -> Answer {
                     .collect(),
             };
             for line in backlog {
-                let _ = events.send(line);
+                let _ = events.send(Some(line));
             }
             st.watcher_ids += 1;
             let id = st.watcher_ids;
@@ -761,7 +981,7 @@ fn watch(state: &Arc<Mutex<State>>, query: Option<&str>) -> Answer {
                             });
                             event_line("BOOKMARK", &mark)
                         };
-                        if events.send(line).is_err() {
+                        if events.send(Some(line)).is_err() {
                             return;
                         }
                     }
@@ -782,7 +1002,11 @@ fn watch(state: &Arc<Mutex<State>>, query: Option<&str>) -> Answer {
             Some(at) => tokio::time::timeout_at(at, rx.recv()).await.ok().flatten(),
             None => rx.recv().await,
         }?;
-        Some((Ok::<_, Infallible>(Frame::data(line)), rx))
+        let frame = match line {
+            Some(line) => Ok(Frame::data(line)),
+            None => Err(BodyError::from("watch reset")),
+        };
+        Some((frame, rx))
     });
     let mut response = Response::new(StreamBody::new(frames).boxed_unsync());
     response.headers_mut().insert(

@@ -1,33 +1,34 @@
 //! Following the node's ResourceSlices of one driver through list and watch, as informers do:
 //! list once, watch from the list's resourceVersion, resume a watch that ended from the last
 //! resourceVersion seen (an event's or a bookmark's), and list again when the API server says
-//! that version is gone (410: its history was compacted past it).
+//! that version is gone (410: its history was compacted past it). A watch that breaks (the
+//! connection reset, an `ERROR` event other than 410, a refused or throttled request) is
+//! resumed from the same version after a pause ([`super::backoff`], honouring `Retry-After`):
+//! only a 410 costs a list.
 //!
 //! Why the publisher follows the slices at all: kubelet deletes a node's slices when it starts
 //! and a driver's 30 s after the driver became unusable, and an administrator or another writer
-//! may change them. A watch shows that within milliseconds, where a re-list on a timer would
-//! leave the scheduler without the node's devices until the next resync.
+//! may change them. A watch shows that within milliseconds and costs the API server nothing
+//! while nothing changes, where a re-list on a timer would leave the scheduler without the
+//! node's devices until the next one and read the API server (and, without a watch cache
+//! answering it, etcd) on every node at every period.
 
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::resource::v1::ResourceSlice;
 
-use super::{ApiError, SliceStore, WatchEvent, WatchStream};
+use super::backoff::Backoff;
+use super::{ApiError, SliceList, SliceStore, WatchEvent, WatchStream};
 
-/// The first pause after a failed list or watch; doubled on each failure in a row.
-const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// The longest pause between attempts.
-const MAX_PAUSE: Duration = Duration::from_secs(5);
 /// A watch that ends within this without an event is taken for a failure.
 const QUICK_END: Duration = Duration::from_secs(1);
 
 /// What the watcher saw.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Observation {
-    /// A (re-)list: every selected slice as it is now. Events between the last one seen and
-    /// this list may have been missed, so this replaces what was known.
-    Listed(Vec<ResourceSlice>),
+    /// A (re-)list: every selected slice as it is at the list's resourceVersion. Events between
+    /// the last one seen and this list may have been missed, so this replaces what was known.
+    Listed(SliceList),
     /// One change (never a bookmark: those only move the resume point); boxed, a slice is large.
     Changed(Box<WatchEvent>),
 }
@@ -43,7 +44,7 @@ pub struct SliceWatcher<S> {
     /// When the open watch started, until its first event: a watch that ends at once is
     /// retried after a pause, not in a tight loop.
     started: Option<tokio::time::Instant>,
-    pause: Duration,
+    backoff: Backoff,
     lists: u64,
 }
 
@@ -57,7 +58,7 @@ impl<S: SliceStore> SliceWatcher<S> {
             version: None,
             stream: None,
             started: None,
-            pause: FIRST_PAUSE,
+            backoff: Backoff::default(),
             lists: 0,
         }
     }
@@ -74,9 +75,9 @@ impl<S: SliceStore> SliceWatcher<S> {
 
     /// Waits after a failure, longer each time in a row.
     async fn backoff(&mut self, error: &ApiError) {
-        tracing::warn!(node = %self.node, driver = %self.driver, %error, pause = ?self.pause, "ResourceSlice watch failed; retrying");
-        tokio::time::sleep(self.pause).await;
-        self.pause = (self.pause * 2).min(MAX_PAUSE);
+        let pause = self.backoff.pause(error);
+        tracing::warn!(node = %self.node, driver = %self.driver, %error, ?pause, "ResourceSlice watch failed; retrying");
+        tokio::time::sleep(pause).await;
     }
 
     /// The next observation; it never gives up (failures are logged and retried with backoff).
@@ -87,9 +88,9 @@ impl<S: SliceStore> SliceWatcher<S> {
                 match self.store.list_at(&self.node, &self.driver).await {
                     Ok(list) => {
                         self.lists += 1;
-                        self.version = Some(list.resource_version);
-                        self.pause = FIRST_PAUSE;
-                        return Observation::Listed(list.items);
+                        self.version = Some(list.resource_version.clone());
+                        self.backoff.reset();
+                        return Observation::Listed(list);
                     }
                     Err(e) => {
                         self.backoff(&e).await;
@@ -117,7 +118,7 @@ impl<S: SliceStore> SliceWatcher<S> {
             };
             match stream.next().await {
                 Some(Ok(event)) => {
-                    self.pause = FIRST_PAUSE;
+                    self.backoff.reset();
                     self.started = None;
                     if let Some(v) = event.resource_version() {
                         self.version = Some(v.to_owned());
@@ -157,6 +158,7 @@ impl<S: SliceStore> SliceWatcher<S> {
 mod tests {
     use super::*;
     use crate::apiserver::standin::{ApiServerStandIn, Options};
+    use k8s_openapi::api::resource::v1::ResourceSlice;
 
     const DRIVER: &str = "gpu.example.com";
 
@@ -168,8 +170,8 @@ mod tests {
     fn names(seen: &Observation) -> (String, Vec<String>) {
         let name = |s: &ResourceSlice| s.metadata.name.clone().unwrap_or_default();
         let event = match seen {
-            Observation::Listed(items) => {
-                return ("listed".into(), items.iter().map(name).collect());
+            Observation::Listed(list) => {
+                return ("listed".into(), list.items.iter().map(name).collect());
             }
             Observation::Changed(event) => event.as_ref(),
         };
