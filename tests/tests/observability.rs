@@ -18,32 +18,13 @@ use wdp_tests::{eventually, guest};
 async fn start(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
     let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
     let addr = eventually("the metrics address in the host's log", || async {
-        let log = strip_ansi(&host.log());
+        let log = host.log();
         let line = log.lines().find(|l| l.contains("serving /metrics"))?;
         let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
         Some(addr.to_string())
     })
     .await;
     (host, addr)
-}
-
-/// The log without terminal colour codes.
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // ESC [ ... final byte in @..~
-            for c in chars.by_ref() {
-                if ('@'..='~').contains(&c) && c != '[' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// One GET; the status code and the body, failing the test when there is no answer.
@@ -464,6 +445,23 @@ async fn a_metrics_address_in_use_is_fatal_and_named() {
         err.contains(&format!("cannot listen on {addr} for /metrics")),
         "{err}"
     );
+}
+
+/// In a pod stderr is a pipe to the runtime's log file, which `kubectl logs` and log collectors
+/// read: a text log that is not a terminal carries no colour codes, so its `key=value` fields
+/// read as written.
+#[tokio::test]
+async fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n",
+        guest("kvm").display()
+    ));
+    let (host, addr) = start(&f, &config, &f.plugin_dir()).await;
+    let log = host.log();
+    assert!(!log.contains('\u{1b}'), "{log}");
+    assert!(log.contains(&format!("addr={addr}")), "{log}");
 }
 
 /// One metric family as exported: `(name as queried, type, label names, help)`.

@@ -89,11 +89,15 @@ pub fn main() -> ExitCode {
 }
 
 /// Logs go to stderr (stdout is for trees); `RUST_LOG` overrides the default `info` level.
+/// Text is coloured only on a terminal: in a pod stderr is a pipe to the runtime's log file, and
+/// escape codes there would reach `kubectl logs` and every log collector as part of the text.
 fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
