@@ -174,6 +174,14 @@ cluster_down() {
         [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null
     done
     [ "$kubelet_dir_existed" = no ] && rm -rf /var/lib/kubelet
+    # The CDI specs this run's pods left (the next cluster's node never ran them).
+    if [ "$cdi_dir_existed" = no ]; then
+        rm -rf /var/run/cdi
+    else
+        ls /var/run/cdi 2>/dev/null | sort | comm -13 "$T/cdi.before" - | while read -r f; do
+            rm -f "/var/run/cdi/$f"
+        done
+    fi
 }
 
 restore() {
@@ -183,13 +191,6 @@ restore() {
     while IFS='=' read -r s v; do
         sysctl -qw "$s=$v" >/dev/null
     done <"$T/sysctls.saved"
-    if [ "$cdi_dir_existed" = no ]; then
-        rm -rf /var/run/cdi
-    else
-        ls /var/run/cdi 2>/dev/null | sort | comm -13 "$T/cdi.before" - | while read -r f; do
-            rm -f "/var/run/cdi/$f"
-        done
-    fi
     if [ "${E2E_KEEP:-}" = 1 ] || [ "$failed" != 0 ]; then
         rm -rf "$T/containerd" "$T/images.tar" "$T/probe-image"
         echo "e2e: logs kept in $T"
@@ -671,6 +672,19 @@ run_dp() {
     if dp_status_agree; then check dp.status-metrics-after ok "$seen"; else check dp.status-metrics-after fail "$seen"; fi
     cp "$T/kubelet.log" "$T/kubelet-dp.log"
     k -n wdp-system logs --all-containers -l app.kubernetes.io/name=wdp --tail=-1 >"$T/wdp-dp.log" 2>&1
+    k get events -A -o wide >"$T/events-dp.txt" 2>&1
+
+    # Uninstall (README): the sockets go with the pods, the CDI specs stay for running pods.
+    k delete -k "$T/kust-dp" --wait=true --timeout=120s >/dev/null 2>&1
+    local left specs
+    left=$(ls /var/lib/kubelet/device-plugins | grep -v '^kubelet.sock$\|^kubelet_internal_checkpoint$' | tr '\n' ' ')
+    specs=$(ls /var/run/cdi | tr '\n' ' ')
+    saw="left in device-plugins: '${left}'; CDI specs: $specs; dp-kvm exec: $(k exec dp-kvm -- /probe /dev/kvm 2>&1 | tr '\n' ' '); node capacity: $(k get node "$node" -o jsonpath='{.status.capacity}')"
+    if [ -z "$left" ] && echo "$specs" | grep -q 'wdp-devices.wdp.dev-kvm'; then
+        check dp.uninstall ok "$saw"
+    else
+        check dp.uninstall fail "$saw"
+    fi
     cluster_down
 }
 
@@ -804,6 +818,25 @@ print("ready=%s not_ready=%s" % (d["ready"], d["not_ready"]), " ".join("%s regis
     fi
     cp "$T/kubelet.log" "$T/kubelet-dra.log"
     k -n wdp-system logs --all-containers -l app.kubernetes.io/name=wdp --tail=-1 >"$T/wdp-dra.log" 2>&1
+    k get events -A -o wide >"$T/events-dra.txt" 2>&1
+
+    # Uninstall: both sockets go with the pod; kubelet deletes the driver's slices 30 s after
+    # the driver became unusable, so the scheduler allocates no device of a node without wdp.
+    k delete pod dra-bridge --wait=true --timeout=60s >/dev/null 2>&1
+    k delete -k "$T/kust-dra" --wait=true --timeout=120s >/dev/null 2>&1
+    local left
+    left="plugins_registry: '$(ls /var/lib/kubelet/plugins_registry | tr '\n' ' ')', plugins/devices.wdp.dev: '$(ls /var/lib/kubelet/plugins/devices.wdp.dev 2>&1 | tr '\n' ' ')'"
+    if [ -z "$(ls /var/lib/kubelet/plugins_registry)" ] && ! [ -e /var/lib/kubelet/plugins/devices.wdp.dev/dra.sock ]; then
+        check dra.uninstall-sockets ok "$left"
+    else
+        check dra.uninstall-sockets fail "$left"
+    fi
+    slices_gone() { [ "$(slice_devices)" = 0 ]; }
+    if poll 60 slices_gone; then
+        check dra.uninstall-slices ok "the node's devices.wdp.dev slices deleted after the driver went"
+    else
+        check dra.uninstall-slices fail "60 s after the driver went, $(slice_devices) devices still published for $node (UIDs $(slice_uids))"
+    fi
     cluster_down
 }
 
