@@ -691,8 +691,12 @@ run_dp() {
 # ---------------------------------------------------------------------------------------------
 # DRA mode
 
-# Since kubelet's last start (the log's last "====" line).
-kubelet_registered_dra() { tac "$T/kubelet.log" | sed '/^====/q' | grep -q 'Registered DRA plugin.*devices.wdp.dev'; }
+# Since kubelet's last start (the log's last "====" line). At --v=2 kubelet 1.34 logs the
+# connection to the driver's DRA socket, made once GetInfo and the registration succeeded.
+kubelet_since_start() { tac "$T/kubelet.log" | sed '/^====/q' | tac; }
+kubelet_registered_dra() {
+    kubelet_since_start | grep -q 'Registered DRA plugin.*devices.wdp.dev\|Connection changed.*driverName="devices.wdp.dev".*connected=true'
+}
 slice_devices() { # the number of devices in the node's slices of devices.wdp.dev
     k get resourceslices --field-selector "spec.nodeName=$node,spec.driver=devices.wdp.dev" -o json |
         python3 -c 'import json, sys; print(sum(len(s["spec"].get("devices", [])) for s in json.load(sys.stdin)["items"]))'
@@ -714,7 +718,7 @@ run_dra() {
     fi
     poll 60 sh -c "[ -n \"\$('$kubectl_bin' --kubeconfig '$T/admin.kubeconfig' -n wdp-system get pods -o name)\" ]"
     if poll 90 kubelet_registered_dra; then
-        check dra.registered ok "$(grep 'Registered DRA plugin' "$T/kubelet.log" | tail -n 1 | cut -c1-300)"
+        check dra.registered ok "$(kubelet_since_start | grep 'Registered DRA plugin\|Connection changed.*devices.wdp.dev' | tail -n 1 | cut -c1-300)"
     else
         check dra.registered fail "no 'Registered DRA plugin' in kubelet's log; kubelet: $(grep -i 'devices.wdp.dev' "$T/kubelet.log" | grep -i 'error\|fail' | tail -n 2 | cut -c1-400 | tr '\n' ';')"
     fi
@@ -763,10 +767,18 @@ EOF
     else
         check dra.cdi fail "kubelet's dra_manager_state for claim $claim_uid: '$names' ${saw:-}"
     fi
+    # Device health as kubelet reports it in the pod's status (ResourceHealthStatus): from the
+    # driver's health stream, which kubelet opens by the service GetInfo advertises.
+    health_known() { k get pod dra-claim -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}' | grep -q '"health":"Healthy"'; }
+    if poll 30 health_known; then
+        check dra.health ok "allocatedResourcesStatus: $(k get pod dra-claim -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}')"
+    else
+        check dra.health fail "allocatedResourcesStatus: $(k get pod dra-claim -o jsonpath='{.status.containerStatuses[0].allocatedResourcesStatus}'); kubelet: $(kubelet_since_start | grep 'WatchResources' | tail -n 2 | cut -c1-300 | tr '\n' ';')"
+    fi
     local checkpoint=/var/lib/kubelet/plugins/devices.wdp.dev/checkpoint.json
     k delete pod dra-claim --wait=true --timeout=60s >/dev/null 2>&1
     claim_released() { [ -z "$(k get resourceclaim kvm -o jsonpath='{.status.reservedFor}')" ] && ! grep -q "$claim_uid" "$checkpoint" 2>/dev/null && [ -z "$(dra_cdi_names "$claim_uid")" ]; }
-    if [ -n "$claim_uid" ] && poll 60 claim_released && grep -q 'NodeUnprepareResources\|nodeUnprepareResources\|Unprepare' "$T/kubelet.log" 2>/dev/null; then
+    if [ -n "$claim_uid" ] && [ -n "$names" ] && poll 60 claim_released; then
         check dra.unprepare ok "pod deleted: claim reservedFor empty, claim $claim_uid gone from wdp's checkpoint and kubelet's dra_manager_state"
     else
         check dra.unprepare fail "reservedFor='$(k get resourceclaim kvm -o jsonpath='{.status.reservedFor}')'; wdp checkpoint: $(head -c 300 "$checkpoint" 2>&1); kubelet state: $(dra_cdi_names "$claim_uid" 2>&1)"
@@ -806,7 +818,7 @@ EOF
     saw=$(echo "$status" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
-print("ready=%s not_ready=%s" % (d["ready"], d["not_ready"]), " ".join("%s registered=%s healthy=%s" % (r["name"], r["registered"], r["healthy"]) for s in d["scanners"] for r in s["resources"]))' 2>&1)
+print("ready=%s not_ready=%s;" % (d["ready"], d["not_ready"]), "; ".join("scanner %s (%s): [%s]" % (s["name"], s["state"], ", ".join("%s registered=%s healthy=%s" % (r["name"], r["registered"], r["healthy"]) for r in s["resources"])) for s in d["scanners"]))' 2>&1)
     local m_healthy
     m_healthy=$(curl -s http://127.0.0.1:9464/metrics | grep '^wdp_resource_devices{' | grep 'devices.wdp.dev/' | grep '"healthy"' | awk '{s += $2} END {print s + 0}')
     saw="$saw; metrics healthy devices.wdp.dev/*: $m_healthy; slices: $(slice_devices) devices"
