@@ -466,10 +466,6 @@ pod_log() { k logs "$1" 2>&1 | tr '\n' ' '; }
 pod_restarts() { k get pod "$1" -o jsonpath='{.status.containerStatuses[0].restartCount}'; }
 pod_container_id() { k get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}'; }
 
-metric() { # metric NAME LABEL-MATCH: the value of the first series matching
-    curl -s http://127.0.0.1:9464/metrics | awk -v n="$1" -v m="$2" 'index($1, n) == 1 && index($0, m) { print $2; exit }'
-}
-
 # CDI names (vendor/class=device) resolved in the spec files of /var/run/cdi: prints each as
 # "name -> file" or "name -> UNRESOLVED"; fails when one is not resolved.
 resolve_cdi() {
@@ -546,10 +542,9 @@ allocatable() { k get node "$node" -o jsonpath="{.status.allocatable.devices\\.w
 kvm_allocatable() { [ "$(allocatable kvm)" = 110 ]; }
 
 dp_status_agree() { # `wdp status --json`, /metrics and the Node agree on the kvm resource
-    local pod status healthy
+    local pod status
     pod=$(wdp_pod)
     status=$(k -n wdp-system exec "$pod" -- /usr/bin/wdp status --json 2>&1)
-    healthy=$(metric wdp_resource_devices 'resource="devices.wdp.dev/kvm"' | head -n 1)
     seen="status: $(echo "$status" | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
@@ -563,7 +558,6 @@ r = [r for s in d["scanners"] for r in s["resources"] if r["name"] == "devices.w
 sys.exit(0 if d["ready"] and r["registered"] and r["healthy"] == 110 else 1)' 2>/dev/null &&
         curl -s http://127.0.0.1:9464/metrics | grep '^wdp_resource_devices{' | grep 'devices.wdp.dev/kvm' |
         grep '"healthy"' | awk '{print $2}' | grep -qx 110 && [ "$(allocatable kvm)" = 110 ]
-    : "$healthy"
 }
 
 stream_losses() {
@@ -614,12 +608,13 @@ run_dp() {
     fi
     if dp_status_agree; then check dp.status-metrics ok "$seen"; else check dp.status-metrics fail "$seen"; fi
 
-    local sig n=1
+    local sig lsig pod
     for sig in TERM KILL; do
         local losses_before
         losses_before=$(stream_losses)
         kubelet_restart $sig
-        local pod=dp-after-$(echo $sig | tr A-Z a-z)
+        lsig=$(echo "$sig" | tr A-Z a-z)
+        pod=dp-after-$lsig
         if poll 90 node_ready && poll 60 kvm_allocatable; then
             pod_yaml "$pod" /dev/kvm "$limits" "" | k apply -f - >/dev/null
             if poll 90 pod_running "$pod" && poll 20 sh -c "'$kubectl_bin' --kubeconfig '$T/admin.kubeconfig' logs $pod | grep -q 'open /dev/kvm 0'"; then
@@ -629,24 +624,23 @@ run_dp() {
                 exec_out=$(k exec dp-kvm -- /probe /dev/kvm 2>&1 | tr '\n' ' ')
                 saw="$saw; dp-kvm container $( [ "$(pod_container_id dp-kvm)" = "$cid" ] && echo same || echo CHANGED), restarts $(pod_restarts dp-kvm), exec: $exec_out"
                 if [ "$(pod_container_id dp-kvm)" = "$cid" ] && echo "$exec_out" | grep -q 'open /dev/kvm 0'; then
-                    check "dp.kubelet-sig$(echo $sig | tr A-Z a-z)" ok "$saw"
+                    check "dp.kubelet-sig$lsig" ok "$saw"
                 else
-                    check "dp.kubelet-sig$(echo $sig | tr A-Z a-z)" fail "$saw"
+                    check "dp.kubelet-sig$lsig" fail "$saw"
                 fi
             else
-                check "dp.kubelet-sig$(echo $sig | tr A-Z a-z)" fail "pod $pod $(pod_phase "$pod"): $(k describe pod "$pod" | tail -n 6 | tr '\n' ';')"
+                check "dp.kubelet-sig$lsig" fail "pod $pod $(pod_phase "$pod"): $(k describe pod "$pod" | tail -n 6 | tr '\n' ';')"
             fi
         else
-            check "dp.kubelet-sig$(echo $sig | tr A-Z a-z)" fail "node Ready=$(node_ready && echo yes || echo no), allocatable kvm=$(allocatable kvm)"
+            check "dp.kubelet-sig$lsig" fail "node Ready=$(node_ready && echo yes || echo no), allocatable kvm=$(allocatable kvm)"
         fi
         local losses_after
         losses_after=$(stream_losses)
         if [ "$losses_after" = "$losses_before" ]; then
-            check "dp.kubelet-sig$(echo $sig | tr A-Z a-z)-no-stream-loss" ok "wdp_resource_stream_losses_total stayed $losses_after"
+            check "dp.kubelet-sig$lsig-no-stream-loss" ok "wdp_resource_stream_losses_total stayed $losses_after"
         else
-            check "dp.kubelet-sig$(echo $sig | tr A-Z a-z)-no-stream-loss" fail "wdp_resource_stream_losses_total $losses_before -> $losses_after over a kubelet restart (SIG$sig)"
+            check "dp.kubelet-sig$lsig-no-stream-loss" fail "wdp_resource_stream_losses_total $losses_before -> $losses_after over a kubelet restart (SIG$sig)"
         fi
-        n=$((n + 1))
     done
 
     # The DaemonSet rolled to a new image tag: running pods keep their devices and CDI specs.
@@ -677,7 +671,7 @@ run_dp() {
     # Uninstall (README): the sockets go with the pods, the CDI specs stay for running pods.
     k delete -k "$T/kust-dp" --wait=true --timeout=120s >/dev/null 2>&1
     local left specs
-    left=$(ls /var/lib/kubelet/device-plugins | grep -v '^kubelet.sock$\|^kubelet_internal_checkpoint$' | tr '\n' ' ')
+    left=$(find /var/lib/kubelet/device-plugins -mindepth 1 ! -name kubelet.sock ! -name kubelet_internal_checkpoint -printf '%f ')
     specs=$(ls /var/run/cdi | tr '\n' ' ')
     saw="left in device-plugins: '${left}'; CDI specs: $specs; dp-kvm exec: $(k exec dp-kvm -- /probe /dev/kvm 2>&1 | tr '\n' ' '); node capacity: $(k get node "$node" -o jsonpath='{.status.capacity}')"
     if [ -z "$left" ] && echo "$specs" | grep -q 'wdp-devices.wdp.dev-kvm'; then
