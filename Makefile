@@ -3,6 +3,8 @@
 #               stand-in
 #   make test   build everything, check formatting and lints, run every test
 #   make image  build the shipped image (Containerfile) with podman: localhost/wdp:VERSION
+#   make release  dist/: the image archive, the signed scanners, an SBOM, checksums, deploy/
+#               pinned to VERSION (docs/versioning.md)
 #   make e2e KUBE_BIN_DIR=DIR  run wdp's image and deploy/ in a real single-node cluster made of
 #               the Kubernetes binaries in DIR (tests/e2e/run.sh); not part of `make test`
 # Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
@@ -28,14 +30,14 @@ TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman image e2e build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
+.PHONY: all setup setup-rust setup-podman setup-registry image release e2e build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
 
 all: build
 
 ## setup: install what the build and tests need (idempotent): the wasm32-wasip2 target, Debian's
 ## docker-registry (a real OCI registry for the OCI tests, run on 127.0.0.1 by them), and the
 ## Python/JavaScript/C guest toolchains, pinned (scripts/setup-toolchains.sh)
-setup: setup-rust setup-podman
+setup: setup-rust setup-podman setup-registry
 	@scripts/setup-toolchains.sh
 
 ## setup-podman: Debian's podman and runc, a real container runtime for `make image` and for the
@@ -47,9 +49,14 @@ setup-podman:
 	@# The CDI test's image is one program linked statically: a C compiler with a static libc.
 	@echo 'int main(void){return 0;}' | cc -static -x c -o /dev/null - 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null; }
 
-## setup-rust: only what Rust guests and the host need (the wasm32-wasip2 target)
+## setup-rust: only what Rust guests and the host need (the wasm32-wasip2 target): all `make
+## demo` installs
 setup-rust:
 	@rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+
+## setup-registry: Debian's docker-registry, a real OCI registry on 127.0.0.1 for the OCI tests
+## and for `make release` without REGISTRY
+setup-registry:
 	@command -v docker-registry >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null; }
 
 ## guests: build every guest component: the Rust workspace (scanners, hooks, test guests) for
@@ -79,13 +86,33 @@ $(WIT_PACKAGE): wit/device-plugin.wit scripts/setup-toolchains.sh
 	@mkdir -p $(dir $@)
 	$(TOOLS)/bin/wasm-tools component wit wit --wasm -o $@
 
-## image: the shipped image, `localhost/wdp:$(VERSION)` and `:latest`: the release binary and the
-## bundled Rust scanners on `FROM scratch` with the libraries the binary links (scripts/image.sh
-## stages them under target/image/ and runs podman build; README: Installing)
+## image: the shipped image, `localhost/wdp:$(VERSION)`: the release binary and the bundled Rust
+## scanners on `FROM scratch` with the libraries the binary links (scripts/image.sh stages them
+## under target/image/ and runs podman build; README: Installing). Tagged with the version only:
+## a tag is never moved (no `latest`), so the DaemonSet rolls when, and only when, the version in
+## Cargo.toml changes (docs/versioning.md).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
 image: rust-guests setup-podman
 	$(CARGO) build --locked --release -p wdp --bin wdp
-	scripts/image.sh --binary target/release/wdp --tag localhost/wdp:$(VERSION) --tag localhost/wdp:latest
+	scripts/image.sh --binary target/release/wdp --tag localhost/wdp:$(VERSION)
+
+## release: dist/ for version $(VERSION) (scripts/release.sh lists what it holds): the image as an
+## OCI archive, the bundled scanners as OCI artifacts signed in wdp's cosign format (pushed with
+## `wdp push` to REGISTRY, else packed as OCI image layouts), the binary's SBOM (cargo-cyclonedx,
+## installed under $(TOOLS) the first time), deploy/ with the image pinned, SHA256SUMS.
+##   SIGN_KEY=FILE        required: an unencrypted PKCS#8 P-256 key (README: Shipping scanners)
+##   REGISTRY=host[/path] push the image (REGISTRY/wdp:VERSION) and scanners there;
+##                        REGISTRY_INSECURE=1 speaks plain HTTP to it (local registries only)
+##   RELEASE_BINARY=target/debug/wdp  pack the dev build instead of the release build (a trial
+##                        run: the release build is 15-20 minutes of thin LTO on two cores)
+RELEASE_BINARY ?= target/release/wdp
+CARGO_CYCLONEDX_VERSION := 0.5.9
+release: rust-guests setup-podman setup-registry
+	@[ -n "$(SIGN_KEY)" ] || { echo "make release: SIGN_KEY=FILE is required (make one: openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out release.pem)" >&2; exit 1; }
+	$(if $(filter target/release/wdp,$(RELEASE_BINARY)),$(CARGO) build --locked --release -p wdp --bin wdp)
+	$(if $(filter target/debug/wdp,$(RELEASE_BINARY)),$(CARGO) build --locked -p wdp --bin wdp)
+	@[ -x $(TOOLS)/bin/cargo-cyclonedx ] || CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) install --quiet --locked --debug --root $(TOOLS) cargo-cyclonedx --version $(CARGO_CYCLONEDX_VERSION)
+	CARGO_CYCLONEDX=$(TOOLS)/bin/cargo-cyclonedx scripts/release.sh --binary $(RELEASE_BINARY) --key $(SIGN_KEY) $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_INSECURE),--insecure)
 
 ## e2e: the real-cluster suite (tests/e2e/run.sh, README: Real-cluster e2e): the image
 ## scripts/image.sh builds from target/debug/wdp, and deploy/ with and without deploy/dra/, in a
@@ -145,8 +172,12 @@ fuzz:
 	WDP_FUZZ_CASES=$(FUZZ_CASES) $(if $(FUZZ_SEED),WDP_FUZZ_SEED=$(FUZZ_SEED)) $(CARGO) test --locked -p wdp --lib fuzz
 
 ## demo: serve this machine's real /sys and /dev to an embedded kubelet stand-in (the bundled
-## Rust scanners: no other toolchain is installed for it); builds only the binary and the guests
-demo: rust-guests wdp
+## Rust scanners: no other toolchain is installed for it); builds only the binary and the guests.
+## It checks its prerequisites first (scripts/prerequisites.sh names what to install), and
+## prints what is served once wdp is ready.
+demo:
+	@scripts/prerequisites.sh
+	@$(MAKE) --no-print-directory rust-guests wdp
 	DEMO_DURATION=$(DEMO_DURATION) scripts/demo.sh $(WDP) demo/wdp.yaml
 
 ## bench: every benchmark figure on this machine (hot-plug latency against a poll-mode baseline,

@@ -7,7 +7,7 @@
 #
 # --binary  the wdp binary to ship (default target/release/wdp, what `make image` builds; the
 #           image test passes the test build's target/debug/wdp); its debug info is stripped
-# --tag     the image's names (default localhost/wdp:VERSION and localhost/wdp:latest)
+# --tag     the image's names (default localhost/wdp:VERSION: a version tag only, never moved)
 #
 # Staged: the binary at /usr/bin/wdp; the shared libraries `ldd` lists for it (glibc's libc,
 # libm, the loader, libgcc_s), each at the path ldd prints, which is where the binary's loader
@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
 done
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)
 [ -n "$version" ] || die "no version in Cargo.toml"
-[ -n "$tags" ] || tags="localhost/wdp:$version localhost/wdp:latest"
+[ -n "$tags" ] || tags="localhost/wdp:$version"
 [ -x "$binary" ] || die "$binary is missing (make image builds it)"
 
 if command -v podman >/dev/null; then

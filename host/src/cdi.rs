@@ -110,6 +110,48 @@ pub enum CdiError {
     },
 }
 
+/// What a spec is written from: the group without its devices' attributes, which no spec
+/// carries.
+fn spec_part(group: &DeviceGroup) -> DeviceGroup {
+    group
+        .iter()
+        .map(|(id, info)| {
+            let info = DeviceInfo {
+                attributes: Default::default(),
+                ..info.clone()
+            };
+            (id.clone(), info)
+        })
+        .collect()
+}
+
+/// Whether `group` would be written as `written` (a [`spec_part`]) was: the same devices,
+/// equal but for their attributes.
+fn same_spec(written: &DeviceGroup, group: &DeviceGroup) -> bool {
+    written.len() == group.len()
+        && written.iter().zip(group).all(|((wid, w), (id, d))| {
+            // Destructured: a field added to devices is compared until said otherwise here.
+            let DeviceInfo {
+                health,
+                nodes,
+                mounts,
+                envs,
+                annotations,
+                numa_nodes,
+                cdi_devices,
+                attributes: _,
+            } = d;
+            wid == id
+                && w.health == *health
+                && w.nodes == *nodes
+                && w.mounts == *mounts
+                && w.envs == *envs
+                && w.annotations == *annotations
+                && w.numa_nodes == *numa_nodes
+                && w.cdi_devices == *cdi_devices
+        })
+}
+
 /// The name wdp gives the spec of resource `<namespace>/<dev-type>` in `format`.
 fn spec_file_name(namespace: &str, dev_type: &str, format: CdiFormat) -> String {
     format!("wdp-{namespace}-{dev_type}.{}", format.extension())
@@ -161,8 +203,9 @@ impl CdiWriter {
 
     /// Brings the spec files in line with `tree` (writes changed and new types, removes gone
     /// ones) and returns the tree to serve: `tree` with each device's CDI name added where its
-    /// type's spec is on disk.
-    pub fn sync(&mut self, tree: &DeviceTree) -> DeviceTree {
+    /// type's spec is on disk. The tree is taken and given back, not copied; a spec is written
+    /// again only when what it describes changed (a device's attributes are not in it).
+    pub fn sync(&mut self, mut tree: DeviceTree) -> DeviceTree {
         let gone: Vec<String> = self
             .written
             .keys()
@@ -174,15 +217,17 @@ impl CdiWriter {
                 remove(&path);
             }
         }
-        let mut served = tree.clone();
-        for (dev_type, group) in &mut served.0 {
+        for (dev_type, group) in &mut tree.0 {
             let kind = format!("{}/{dev_type}", self.namespace);
-            let current = self.written.get(dev_type).map(|(g, _)| g);
-            if current != Some(&tree.0[dev_type]) {
-                match self.write(dev_type, &kind, &tree.0[dev_type]) {
+            let unchanged = self
+                .written
+                .get(dev_type)
+                .is_some_and(|(written, _)| same_spec(written, group));
+            if !unchanged {
+                match self.write(dev_type, &kind, group) {
                     Ok(path) => {
                         self.written
-                            .insert(dev_type.clone(), (tree.0[dev_type].clone(), path));
+                            .insert(dev_type.clone(), (spec_part(group), path));
                     }
                     Err(e) => {
                         // Served without CDI names: the default answer still carries the nodes.
@@ -207,7 +252,7 @@ impl CdiWriter {
             .filter_map(|(t, (_, path))| Some((t.as_str(), path.as_deref()?)))
             .collect();
         self.ownership.wrote(&self.scanner, &files);
-        served
+        tree
     }
 
     /// Stops writing: the spec files stay for the runtime (kubelet replays their names after
@@ -463,7 +508,7 @@ mod tests {
         let mut tree = DeviceTree::default();
         tree.0.insert("i915".into(), group(&["card0", "card1"]));
         tree.0.insert("9bad".into(), group(&["x"]));
-        let served = w.sync(&tree);
+        let served = w.sync(tree.clone());
         assert_eq!(
             served.0["i915"]["card1"].cdi_devices,
             ["gpu.example.com/i915=card1"]
@@ -496,20 +541,41 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o644);
 
+        // A change of attributes only is not in the spec: the file is not written again.
+        std::fs::write(&path, "kept").unwrap();
+        let mut attributed = tree.clone();
+        if let Some(card) = attributed
+            .0
+            .get_mut("i915")
+            .and_then(|g| g.get_mut("card0"))
+        {
+            card.attributes
+                .capacities
+                .insert("memory".into(), "16Gi".into());
+        }
+        let served = w.sync(attributed);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
+        assert_eq!(
+            served.0["i915"]["card0"].attributes.capacities["memory"],
+            "16Gi"
+        );
+        w.sync(tree.clone());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
+
         // A changed group is rewritten; a removed one deleted; nothing else is left in the dir.
         tree.0.insert("i915".into(), group(&["card0"]));
-        w.sync(&tree);
+        w.sync(tree.clone());
         let spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(spec["devices"].as_array().unwrap().len(), 1);
         tree.0.insert("i915".into(), group(&[]));
-        w.sync(&tree);
+        w.sync(tree.clone());
         assert!(!path.exists(), "no devices, no spec");
         tree.0.insert("i915".into(), group(&["card0"]));
-        w.sync(&tree);
+        w.sync(tree.clone());
         assert!(path.exists());
         tree.0.remove("i915");
-        w.sync(&tree);
+        w.sync(tree.clone());
         assert!(!path.exists());
         let left: Vec<_> = std::fs::read_dir(tmp.path().join("cdi")).unwrap().collect();
         assert!(left.is_empty(), "{left:?}");
@@ -539,13 +605,13 @@ mod tests {
             nodes: vec![node("/dev/ttyUSB0")],
             ..DeviceInfo::default()
         };
-        w.sync(&only(plain.clone()));
+        w.sync(only(plain.clone()));
         assert_eq!(written(&w, "tty")["cdiVersion"], "0.3.0");
         let moved = DeviceInfo {
             nodes: vec![node("/dev/ttyUSB1")],
             ..DeviceInfo::default()
         };
-        w.sync(&only(moved));
+        w.sync(only(moved));
         let spec = written(&w, "tty");
         assert_eq!(spec["cdiVersion"], "0.5.0", "a host path of its own");
         assert_eq!(
@@ -556,9 +622,9 @@ mod tests {
             annotations: BTreeMap::from([("example.com/port".to_string(), "a".to_string())]),
             ..plain.clone()
         };
-        w.sync(&only(annotated));
+        w.sync(only(annotated));
         assert_eq!(written(&w, "tty")["cdiVersion"], "0.6.0");
-        w.sync(&only(plain));
+        w.sync(only(plain));
         assert_eq!(written(&w, "tty")["cdiVersion"], "0.3.0", "and back down");
 
         // A leading digit, a dotted dev-type: each needs its version; every file passes the
@@ -566,7 +632,7 @@ mod tests {
         let mut tree = DeviceTree::default();
         tree.0.insert("qat".into(), group(&["0000:3d:01.1"]));
         tree.0.insert("i915.vf".into(), group(&["card0"]));
-        let served = w.sync(&tree);
+        let served = w.sync(tree.clone());
         assert_eq!(written(&w, "qat")["cdiVersion"], "0.5.0");
         assert_eq!(written(&w, "i915.vf")["cdiVersion"], "0.6.0");
         assert_eq!(
@@ -585,7 +651,7 @@ mod tests {
         let mut g = group(&["card0"]);
         g.insert("queue".into(), DeviceInfo::default());
         let tree = DeviceTree(BTreeMap::from([("i915".to_string(), g)]));
-        let served = w.sync(&tree);
+        let served = w.sync(tree.clone());
         assert!(served.0["i915"]["queue"].cdi_devices.is_empty());
         assert_eq!(served.0["i915"]["card0"].cdi_devices.len(), 1);
         let spec = written(&w, "i915");
@@ -596,7 +662,7 @@ mod tests {
             "i915".to_string(),
             DeviceGroup::from([("queue".to_string(), DeviceInfo::default())]),
         )]));
-        w.sync(&empty);
+        w.sync(empty.clone());
         assert!(!w.path("i915").exists());
     }
 
@@ -606,7 +672,7 @@ mod tests {
         let mut w = writer(tmp.path(), CdiFormat::Yaml);
         let mut tree = DeviceTree::default();
         tree.0.insert("acc".into(), group(&["a:0", "/dev/bad"]));
-        let served = w.sync(&tree);
+        let served = w.sync(tree.clone());
         assert!(served.0["acc"]["/dev/bad"].cdi_devices.is_empty());
         let path = w.path("acc");
         let text = std::fs::read_to_string(&path).unwrap();
@@ -626,7 +692,7 @@ mod tests {
         let mut w = writer(tmp.path(), CdiFormat::Json);
         let mut tree = DeviceTree::default();
         tree.0.insert("i915".into(), group(&["card0"]));
-        let served = w.sync(&tree);
+        let served = w.sync(tree.clone());
         assert!(served.0["i915"]["card0"].cdi_devices.is_empty());
     }
 }

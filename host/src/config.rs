@@ -17,7 +17,7 @@
 //!   name: worker-1                       # default: the NODE_NAME environment variable
 //!   plugins-dir: /var/lib/kubelet/plugins
 //!   plugins-registry-dir: /var/lib/kubelet/plugins_registry
-//!   api-server: in-cluster               # or http://HOST:PORT (a local proxy, the tests)
+//!   api-server: in-cluster               # or kubeconfig, kubeconfig:PATH, http://HOST:PORT
 //! oci:                                   # optional; for oci://registry/repo[:tag][@digest]
 //!   cache-dir: /var/lib/wdp/oci
 //!   insecure-registries: [127.0.0.1:5000]
@@ -120,6 +120,9 @@ pub enum ApiServer {
     InCluster,
     /// Plain HTTP without credentials: a local `kubectl proxy`, or a test API server.
     Http(std::net::SocketAddr),
+    /// The current context of a kubeconfig: this file, or (`None`) `$KUBECONFIG`, else
+    /// `~/.kube/config`, read when the driver starts (outside a pod, as kubectl would).
+    Kubeconfig(Option<PathBuf>),
 }
 
 /// kubelet's default plugins directory (DRA sockets).
@@ -481,7 +484,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                         ),
                     ));
                 }
-                Some(dra_node(&node, driver, &invalid)?)
+                Some(dra_node(&node, driver, base, &invalid)?)
             }
             Some(other) => {
                 return Err(invalid(
@@ -678,6 +681,7 @@ impl std::fmt::Display for ConfigDiff {
 fn dra_node(
     node: &RawNode,
     driver: String,
+    base: &Path,
     invalid: &impl Fn(String, String) -> ConfigError,
 ) -> Result<DraConfig, ConfigError> {
     let node_name = match &node.name {
@@ -705,6 +709,17 @@ fn dra_node(
     };
     let api_server = match node.api_server.as_deref() {
         None | Some("in-cluster") => ApiServer::InCluster,
+        Some("kubeconfig") => ApiServer::Kubeconfig(None),
+        Some(file) if file.starts_with("kubeconfig:") => {
+            let file = Path::new(&file["kubeconfig:".len()..]);
+            if file.as_os_str().is_empty() {
+                return Err(invalid(
+                    "node.api-server".into(),
+                    "\"kubeconfig:\" names no file: use kubeconfig (KUBECONFIG, else ~/.kube/config) or kubeconfig:PATH".into(),
+                ));
+            }
+            ApiServer::Kubeconfig(Some(resolve(base, file)))
+        }
         Some(url) => match url
             .strip_prefix("http://")
             .map(|a| a.trim_end_matches('/').parse())
@@ -713,7 +728,9 @@ fn dra_node(
             _ => {
                 return Err(invalid(
                     "node.api-server".into(),
-                    format!("{url:?}: use in-cluster or http://IP:PORT"),
+                    format!(
+                        "{url:?}: use in-cluster, kubeconfig, kubeconfig:PATH or http://IP:PORT"
+                    ),
                 ));
             }
         },
@@ -923,6 +940,28 @@ mod tests {
     }
 
     #[test]
+    fn api_server_kubeconfig_default_or_a_file() {
+        let dra = |api: &str| {
+            let c = with_files(&format!(
+                "scanners:\n  - {{name: a, component: kvm.wasm, namespace: x.io, cdi: {{}}, frontend: dra}}\nnode: {{ name: n, api-server: '{api}' }}\n"
+            ))
+            .unwrap();
+            c.scanners[0].dra.as_ref().unwrap().api_server.clone()
+        };
+        assert_eq!(dra("kubeconfig"), ApiServer::Kubeconfig(None));
+        assert_eq!(
+            dra("kubeconfig:/etc/kubernetes/wdp.conf"),
+            ApiServer::Kubeconfig(Some("/etc/kubernetes/wdp.conf".into()))
+        );
+        // Relative to the config file, like every path in it.
+        let ApiServer::Kubeconfig(Some(relative)) = dra("kubeconfig:kube/config") else {
+            panic!("not a kubeconfig");
+        };
+        assert!(relative.is_absolute() && relative.ends_with("kube/config"));
+        assert_eq!(dra("in-cluster"), ApiServer::InCluster);
+    }
+
+    #[test]
     fn dra_refusals_name_the_key_the_value_and_the_rule() {
         let cases = [
             (
@@ -971,7 +1010,11 @@ mod tests {
             ),
             (
                 "node: { name: n, api-server: 'https://k8s:6443' }",
-                "node.api-server: \"https://k8s:6443\": use in-cluster or http://IP:PORT",
+                "node.api-server: \"https://k8s:6443\": use in-cluster, kubeconfig, kubeconfig:PATH or http://IP:PORT",
+            ),
+            (
+                "node: { name: n, api-server: 'kubeconfig:' }",
+                "node.api-server: \"kubeconfig:\" names no file",
             ),
         ];
         for (node, want) in node_cases {

@@ -6,8 +6,10 @@
 //! the runtime CDI names and nothing else). A [`DraDriver`] turns each tree into the driver's
 //! [`Inventory`] (one pool, named after the node) and runs, until it is stopped, the parts of
 //! `wdp_dra`: the registration socket kubelet's plugin watcher finds, the DRA socket (DRAPlugin
-//! v1 and v1beta1, and the health stream), and the ResourceSlice publisher. kubelet's answer to
-//! the registration is reported to `/readyz` through the scanner's status.
+//! v1 and v1beta1, and the health stream), and the ResourceSlice publisher, which runs only while
+//! kubelet has the driver registered (`Kubelet` below says why). kubelet's answer to the
+//! registration, or its silence, is reported to `/readyz` through the scanner's status, to the
+//! log and to `/metrics`.
 //!
 //! Stopping removes both sockets; the CDI specs and the prepared-claims checkpoint stay, so
 //! containers kubelet restarts meanwhile still resolve their devices and a restarted wdp answers
@@ -46,7 +48,7 @@ const HEALTH_REFRESH: Duration = Duration::from_secs(10);
 /// Why a DRA driver could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DraError {
-    /// The in-cluster API server configuration is missing or unreadable.
+    /// The API server configuration (in-cluster or a kubeconfig) is missing or unusable.
     #[error("DRA driver {driver}: the API server: {source}")]
     Api {
         /// The driver.
@@ -90,6 +92,11 @@ impl DraDriver {
                 source,
             })?,
             ApiServer::Http(addr) => ApiClient::http(addr),
+            ApiServer::Kubeconfig(ref file) => ApiClient::from_kubeconfig(file.as_deref())
+                .map_err(|source| DraError::Api {
+                    driver: driver.clone(),
+                    source,
+                })?,
         };
         let endpoints = Endpoints {
             driver: driver.clone(),
@@ -150,20 +157,17 @@ impl DraDriver {
                 }
             }
         }));
-        tasks.push(tokio::spawn(
-            wdp_dra::publisher::Publisher::new(api, driver.clone()).run(
-                updates,
-                RESYNC,
-                shutdown(),
-            ),
-        ));
-        tasks.push(tokio::spawn(report_registration(
-            driver.clone(),
+        let kubelet = Kubelet {
+            driver: driver.clone(),
+            node: config.node_name.clone(),
+            socket: endpoints.registration_socket(),
             registration,
             status,
-            inventory.clone(),
-            shutdown(),
-        )));
+            api,
+            updates,
+            inventory: inventory.clone(),
+        };
+        tasks.push(tokio::spawn(kubelet.follow(shutdown())));
         tracing::info!(driver = %driver, registration = %endpoints.registration_socket().display(), dra = %endpoints.dra_socket().display(), "serving through DRA");
         let pci = match PciPlacement::new(roots) {
             Ok(pci) => Some(pci),
@@ -264,7 +268,12 @@ pub fn pool(node: &str, tree: &DeviceTree) -> Pool {
                     .iter()
                     .map(|(name, value)| (name.clone(), dra_value(value)))
                     .collect(),
-                capacity: info.attributes.capacities.clone(),
+                capacity: info
+                    .attributes
+                    .capacities
+                    .iter()
+                    .map(|(name, quantity)| (name.clone(), quantity.clone()))
+                    .collect(),
                 ..Device::default()
             });
         }
@@ -375,36 +384,169 @@ fn hex(b: &[u8]) -> bool {
     b.iter().all(u8::is_ascii_hexdigit)
 }
 
-/// Reports kubelet's registration answers to `/readyz` until `shutdown`, and republishes the
-/// slices when kubelet registers the driver (a starting kubelet deletes every slice of its
-/// node first).
-async fn report_registration(
+/// How long kubelet may stay silent after the registration socket is bound (no GetInfo, or
+/// no verdict after it) before that is warned about and shown on `/readyz`. kubelet's plugin
+/// watcher sees a new socket through inotify (or its start-up scan) and registers it within
+/// about a second.
+const KUBELET_SILENCE: Duration = Duration::from_secs(10);
+
+/// What follows kubelet's word on the driver: `/readyz`, the metric, the warnings, and whether
+/// the driver's ResourceSlices are published.
+///
+/// Slices are published only while kubelet has the driver registered. The scheduler allocates
+/// from any published slice, whoever published it, and kubelet prepares claims only for drivers
+/// it registered; kubelet also deletes only the slices of drivers it registered (when one is gone
+/// for 30 s, and all of its node's when it starts). So a slice published before kubelet
+/// registered the driver offers devices no pod can get, and nothing would ever take it back.
+/// Hence: nothing is published before the first registration; publishing pauses when the
+/// registration socket is bound again (kubelet deregistered the driver, and its own wipe covers
+/// what was published); a refusal withdraws the driver's slices on the node, since kubelet will
+/// neither prepare nor delete them.
+struct Kubelet {
     driver: String,
+    node: String,
+    /// The registration socket, for the warnings.
+    socket: PathBuf,
     registration: RegistrationStatusHandle,
     status: ScannerHandle,
+    api: ApiClient,
+    updates: watch::Receiver<Inventory>,
     inventory: watch::Sender<Inventory>,
-    shutdown: impl Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    let mut states = registration.subscribe();
-    loop {
-        let state = states.borrow_and_update().clone();
-        status.dra_not_ready(match &state {
+}
+
+/// A running publisher, stopped when dropped.
+struct Publishing {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Publishing {
+    async fn stop(self) {
+        self.stop.send_replace(true);
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "DRA publisher task failed");
+        }
+    }
+}
+
+impl Kubelet {
+    /// Follows the registration state until `shutdown`.
+    async fn follow(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut states = self.registration.subscribe();
+        let mut publishing: Option<Publishing> = None;
+        // When kubelet's silence since the last bind becomes worth a warning.
+        let mut silence_ends: Option<tokio::time::Instant> = None;
+        let mut silent = false;
+        loop {
+            let state = states.borrow_and_update().clone();
+            match &state {
+                // Every bind sets Pending anew: a new registration kubelet owes us.
+                RegistrationState::Pending => {
+                    silence_ends = Some(tokio::time::Instant::now() + KUBELET_SILENCE);
+                    silent = false;
+                    if let Some(p) = publishing.take() {
+                        tracing::info!(driver = %self.driver, "registration socket bound again: ResourceSlices left to kubelet until it registers the driver again");
+                        p.stop().await;
+                    }
+                }
+                RegistrationState::Asked => {}
+                RegistrationState::Registered => {
+                    silence_ends = None;
+                    silent = false;
+                    tracing::info!(driver = %self.driver, "registered with kubelet");
+                    match &publishing {
+                        // A starting kubelet deleted every slice of its node first: a pass now.
+                        Some(_) => self.inventory.send_modify(|_| {}),
+                        None => publishing = Some(self.publish()),
+                    }
+                }
+                RegistrationState::Refused(reason) => {
+                    silence_ends = None;
+                    silent = false;
+                    tracing::warn!(driver = %self.driver, socket = %self.socket.display(), %reason, "kubelet refused the DRA driver; check kubelet's log for the driver, and that no other DRA driver of this name runs on the node");
+                    if let Some(p) = publishing.take() {
+                        p.stop().await;
+                    }
+                    self.withdraw().await;
+                }
+            }
+            self.report(&state, silent);
+            loop {
+                let silence = async {
+                    match silence_ends {
+                        Some(at) if !silent => tokio::time::sleep_until(at).await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = &mut shutdown => {
+                        if let Some(p) = publishing {
+                            p.stop().await;
+                        }
+                        return;
+                    }
+                    changed = states.changed() => match changed {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                    () = silence => {
+                        silent = true;
+                        match &state {
+                            RegistrationState::Pending => tracing::warn!(driver = %self.driver, socket = %self.socket.display(), "kubelet has not called GetInfo on the DRA registration socket within {KUBELET_SILENCE:?}: check that kubelet runs on this node with DynamicResourceAllocation, that this directory is its plugins_registry (under its --root-dir), and wdp's debug log (RUST_LOG=h2=debug) for connections refused before GetInfo; no ResourceSlices are published until kubelet registers the driver"),
+                            _ => tracing::warn!(driver = %self.driver, socket = %self.socket.display(), "kubelet called GetInfo on the DRA registration socket but has not reported the registration within {KUBELET_SILENCE:?}: check kubelet's log for the driver; no ResourceSlices are published until kubelet registers the driver"),
+                        }
+                        self.report(&state, true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `/readyz` and the metric for `state`; `silent` when kubelet's silence outlasted the bound.
+    fn report(&self, state: &RegistrationState, silent: bool) {
+        let driver = &self.driver;
+        let socket = self.socket.display();
+        self.status
+            .metrics()
+            .dra_registered(driver, *state == RegistrationState::Registered);
+        self.status.dra_not_ready(match state {
             RegistrationState::Registered => None,
-            RegistrationState::Pending => Some(format!(
+            RegistrationState::Pending if silent => Some(format!(
+                "DRA driver {driver}: kubelet has not called GetInfo on {socket} within {KUBELET_SILENCE:?} (is kubelet's plugin watcher watching that directory?)"
+            )),
+            RegistrationState::Asked if silent => Some(format!(
+                "DRA driver {driver}: kubelet called GetInfo on {socket} but has not reported the registration within {KUBELET_SILENCE:?}"
+            )),
+            RegistrationState::Pending | RegistrationState::Asked => Some(format!(
                 "DRA driver {driver}: not registered with kubelet yet"
             )),
             RegistrationState::Refused(reason) => Some(format!(
                 "DRA driver {driver}: kubelet refused the registration: {reason}"
             )),
         });
-        if state == RegistrationState::Registered {
-            tracing::info!(driver = %driver, "registered with kubelet");
-            inventory.send_modify(|_| {});
-        }
-        tokio::select! {
-            () = &mut shutdown => return,
-            changed = states.changed() => if changed.is_err() { return },
+    }
+
+    /// Starts publishing the inventory.
+    fn publish(&self) -> Publishing {
+        let (stop, mut stopped) = watch::channel(false);
+        let publisher = wdp_dra::publisher::Publisher::new(self.api.clone(), self.driver.clone());
+        let task = tokio::spawn(publisher.run(self.updates.clone(), RESYNC, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
+        Publishing { stop, task }
+    }
+
+    /// Deletes the driver's slices on the node (kubelet refused the driver: it will neither
+    /// prepare their devices nor delete them).
+    async fn withdraw(&self) {
+        match self.api.delete_all_slices(&self.node, &self.driver).await {
+            Ok(()) => {
+                tracing::info!(driver = %self.driver, node = %self.node, "ResourceSlices withdrawn")
+            }
+            Err(e) => {
+                tracing::warn!(driver = %self.driver, node = %self.node, error = %e, "withdrawing the ResourceSlices failed")
+            }
         }
     }
 }

@@ -20,9 +20,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::cdi::SpecOwnership;
 use crate::config::ScannerIdentity;
@@ -193,11 +195,11 @@ impl Fleet {
             return false;
         };
         running.supervisor.abort();
-        join(name, "supervisor", running.supervisor).await;
+        join(name, "supervisor", running.supervisor, stop_deadline()).await;
         // The guest and its senders are gone; this was the last one.
         drop(running.events);
         // The manager has removed the scanner and its resources from /status and /metrics.
-        join(name, "manager", running.manager).await;
+        join(name, "manager", running.manager, stop_deadline()).await;
         true
     }
 
@@ -209,22 +211,40 @@ impl Fleet {
             r.supervisor.abort();
         }
         let mut managers = Vec::with_capacity(running.len());
+        let deadline = stop_deadline();
         for (name, r) in running {
-            join(&name, "supervisor", r.supervisor).await;
+            join(&name, "supervisor", r.supervisor, deadline).await;
             drop(r.events);
             managers.push((name, r.manager));
         }
+        let deadline = stop_deadline();
         for (name, manager) in managers {
-            join(&name, "manager", manager).await;
+            join(&name, "manager", manager, deadline).await;
         }
     }
 }
 
-/// Awaits a scanner task; a panic is logged (a bug: the task's state is lost with it).
-async fn join(scanner: &str, task: &str, handle: JoinHandle<()>) {
-    match handle.await {
-        Ok(()) => {}
-        Err(e) if e.is_cancelled() => {}
-        Err(e) => tracing::error!(scanner, task, error = %e, "scanner task panicked"),
+/// Longest [`Fleet::stop`] waits for each of a scanner's tasks to end: shutdown and reload finish
+/// within this whatever a guest does. An aborted task ends at its next await, and no guest holds
+/// a worker between two (host calls that block run on the blocking pool, wasm yields every
+/// tick), so reaching it means a bug; the task is then left behind, logged.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+fn stop_deadline() -> Instant {
+    Instant::now() + STOP_WAIT
+}
+
+/// Awaits a scanner task until `deadline` (tasks stopped together share one); a panic is logged
+/// (a bug: the task's state is lost with it).
+async fn join(scanner: &str, task: &str, handle: JoinHandle<()>, deadline: Instant) {
+    match tokio::time::timeout_at(deadline, handle).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) if e.is_cancelled() => {}
+        Ok(Err(e)) => tracing::error!(scanner, task, error = %e, "scanner task panicked"),
+        Err(_) => tracing::error!(
+            scanner,
+            task,
+            "scanner task did not end within {STOP_WAIT:?} of being stopped; abandoned"
+        ),
     }
 }

@@ -2,7 +2,8 @@
 //! flows one way (guest, sandbox, sink and validation, manager, servers, kubelet), and each module
 //! builds only on those below it. `wdp-kubelet` (the kubelet API and the device-plugin servers)
 //! also stays free of wdp and of any wasm runtime, so its servers reach what they serve only
-//! through the traits wdp implements.
+//! through the traits wdp implements. The guest SDK (`guest-scanners/sdk`, built for wasm in
+//! its own workspace) is held to the same rule here, where `cargo test --workspace` runs it.
 //!
 //! The test reads the crates' own sources and counts every `crate::<module>` path outside
 //! comments and test modules as an edge from the module whose file it is in. A cycle fails the
@@ -205,6 +206,24 @@ fn the_kubelet_crate_imports_one_way_and_knows_no_wasm() {
         depends_on.is_empty(),
         "wdp-kubelet depends on {depends_on:?}: its servers must reach wdp through their traits"
     );
+}
+
+/// The guest SDK's modules build on each other one way too: the reads every source implements
+/// (`reads`) and the globbing (`pathglob`) below the sources (`devfs`, `sysfs`), and the guest's
+/// view that combines them (`hostfs`) above both.
+#[test]
+fn the_guest_sdk_imports_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-scanners/sdk/src");
+    let graph = graph(&src);
+    assert!(
+        graph.contains_key("hostfs") && graph.contains_key("devfs") && graph.contains_key("sysfs"),
+        "found the SDK's modules: {graph:?}"
+    );
+    assert!(
+        graph["hostfs"].contains("devfs") && graph["hostfs"].contains("sysfs"),
+        "the guest's view builds on both sources: {graph:?}"
+    );
+    assert_acyclic(&graph);
 }
 
 #[test]

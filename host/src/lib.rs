@@ -6,8 +6,9 @@
 //!
 //! 1. a guest runs in the [`sandbox`], reading /dev and /sys only through [`hostfs`] and its
 //!    preopen, and hands each tree it notifies to a [`sandbox::TreeSink`];
-//! 2. the supervisor ([`scanner`]) is that sink: [`validate`] applies the [`policy`] and the
-//!    [`tree`] rules and fills in [`topology`];
+//! 2. the supervisor ([`scanner`]) takes the latest tree of each burst from that sink
+//!    ([`coalesce`]): [`validate`] applies the [`policy`] and the [`tree`] rules and fills in
+//!    [`topology`];
 //! 3. a [`manager`] per scanner diffs the trees, writes [`cdi`] specs and runs one device-plugin
 //!    server per resource: `wdp_kubelet`'s server, answering through the [`server`] adapter
 //!    (Allocate with `allocate`'s default answer, `preferred`'s shaping of advice, and guest
@@ -26,6 +27,7 @@ pub mod bindings;
 pub mod cdi;
 pub mod cdi_version;
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 pub mod dra;
 pub mod fleet;
@@ -38,6 +40,7 @@ pub mod http;
 mod layering;
 pub mod manager;
 pub mod metrics;
+pub mod mounts;
 pub mod policy;
 pub(crate) mod preferred;
 pub mod sandbox;

@@ -249,15 +249,13 @@ impl Manager {
             Some(cdi) => {
                 let held = |t: &String| self.claims.available(&self.namespace, t, &self.scanner);
                 if tree.0.keys().all(held) {
-                    cdi.sync(&tree)
+                    cdi.sync(tree)
                 } else {
-                    let mut mine = tree.clone();
-                    mine.0.retain(|t, _| held(t));
-                    let mut served = cdi.sync(&mine);
+                    let (mine, others): (BTreeMap<_, _>, BTreeMap<_, _>) =
+                        tree.0.into_iter().partition(|(t, _)| held(t));
+                    let mut served = cdi.sync(DeviceTree(mine));
                     // The others go on to be refused by name below, as without CDI.
-                    for (t, group) in tree.0 {
-                        served.0.entry(t).or_insert(group);
-                    }
+                    served.0.extend(others);
                     served
                 }
             }

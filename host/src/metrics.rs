@@ -73,6 +73,9 @@ pub struct ScannerMetrics {
     pub trees_accepted: Counter,
     /// Trees refused as a whole.
     pub trees_refused: Counter,
+    /// Notified trees replaced by a later one before they were validated: a burst of notifies
+    /// reaches kubelet as its latest tree.
+    pub notifies_coalesced: Counter,
     /// Times the guest failed and was (or would have been) restarted.
     pub failures: Counter,
     /// Unix seconds of the last accepted tree.
@@ -84,6 +87,9 @@ pub struct ScannerMetrics {
     hooks: [Histogram; 3],
     /// When the running instance last woke up and has not notified since.
     woke: Mutex<Option<Instant>>,
+    /// The DRA driver the scanner is served as, and 1 while kubelet has it registered; None for
+    /// a scanner served through device plugins.
+    dra: Mutex<Option<(String, Gauge)>>,
 }
 
 impl Default for ScannerMetrics {
@@ -91,12 +97,14 @@ impl Default for ScannerMetrics {
         ScannerMetrics {
             trees_accepted: Counter::default(),
             trees_refused: Counter::default(),
+            notifies_coalesced: Counter::default(),
             failures: Counter::default(),
             last_scan: Gauge::default(),
             memory: Gauge::default(),
             scan_duration: Histogram::new(SCAN_BUCKETS),
             hooks: Hook::ALL.map(|_| Histogram::new(CALL_BUCKETS)),
             woke: Mutex::new(None),
+            dra: Mutex::new(None),
         }
     }
 }
@@ -156,6 +164,13 @@ impl ScannerMetrics {
         self.memory.get()
     }
 
+    /// The scanner is served as DRA driver `driver`, which kubelet has `registered` or not.
+    pub fn dra_registered(&self, driver: &str, registered: bool) {
+        let mut dra = self.dra.lock().unwrap_or_else(|p| p.into_inner());
+        let (_, gauge) = dra.get_or_insert_with(|| (driver.to_owned(), Gauge::default()));
+        gauge.set(i64::from(registered));
+    }
+
     /// One call of `hook` took `elapsed`.
     pub fn hook_called(&self, hook: Hook, elapsed: Duration) {
         let index = Hook::ALL.iter().position(|h| *h == hook).unwrap_or(0);
@@ -175,6 +190,8 @@ pub struct ResourceMetrics {
     preferred_fallbacks: Counter,
     /// kubelet's ListAndWatch stream ended while both sides kept running: registered again.
     stream_losses: Counter,
+    /// Registrations kubelet answered with an error (or not in time).
+    registration_failures: Counter,
 }
 
 impl Default for ResourceMetrics {
@@ -187,6 +204,7 @@ impl Default for ResourceMetrics {
             unhealthy: Gauge::default(),
             preferred_fallbacks: Counter::default(),
             stream_losses: Counter::default(),
+            registration_failures: Counter::default(),
         }
     }
 }
@@ -211,6 +229,11 @@ impl ResourceMetrics {
     /// kubelet's ListAndWatch stream ended while it kept running; the resource registers again.
     pub fn stream_lost(&self) {
         self.stream_losses.inc();
+    }
+
+    /// kubelet answered a registration of the resource with an error; it is retried.
+    pub fn registration_failed(&self) {
+        self.registration_failures.inc();
     }
 
     /// The resource now lists these many devices.
@@ -239,6 +262,7 @@ pub struct Metrics {
     registry: Registry,
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
     last_reload_ok: Gauge,
+    writable_mounts: Family<[(&'static str, &'static str); 1], Gauge>,
 }
 
 impl fmt::Debug for Metrics {
@@ -275,12 +299,28 @@ impl Metrics {
             "1 if the last config reload succeeded (or none was tried), 0 if it was refused",
             last_reload_ok.clone(),
         );
+        let writable_mounts = Family::<[(&'static str, &'static str); 1], Gauge>::default();
+        let _ = writable_mounts.get_or_create(&[("root", "sys")]);
+        let _ = writable_mounts.get_or_create(&[("root", "dev")]);
+        registry.register(
+            "host_writable_mounts",
+            "Mounts at or under the sys or dev root (--sys-root, --dev-root) that are not read-only, as /proc/self/mountinfo showed them at start; 0 when the root is read-only all the way down",
+            writable_mounts.clone(),
+        );
         registry.register_collector(Box::new(LiveCollector(live)));
         Metrics {
             registry,
             reloads,
             last_reload_ok,
+            writable_mounts,
         }
+    }
+
+    /// `count` mounts at or under the root `root` (`sys` or `dev`) are writable.
+    pub fn writable_mounts(&self, root: &'static str, count: usize) {
+        self.writable_mounts
+            .get_or_create(&[("root", root)])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// A config reload was applied.
@@ -354,6 +394,13 @@ fn scanner_families(
         None,
         by(|m| &m.trees_refused),
     )?;
+    family(
+        e,
+        "scanner_notifies_coalesced",
+        "Notified trees replaced by a later one of the same burst before validation (a scanner's trees reach kubelet at most every 100 ms, the latest winning).",
+        None,
+        by(|m| &m.notifies_coalesced),
+    )?;
     let gauges = |f: fn(&ScannerMetrics) -> &Gauge| {
         scanners
             .iter()
@@ -381,6 +428,24 @@ fn scanner_families(
         scanners
             .iter()
             .map(|(name, m)| ([("scanner", *name)], &m.scan_duration)),
+    )?;
+    let dra: Vec<([(&str, String); 2], Gauge)> = scanners
+        .iter()
+        .filter_map(|(name, m)| {
+            let dra = m.dra.lock().unwrap_or_else(|p| p.into_inner());
+            let (driver, gauge) = dra.as_ref()?;
+            Some((
+                [("scanner", name.to_string()), ("driver", driver.clone())],
+                gauge.clone(),
+            ))
+        })
+        .collect();
+    family(
+        e,
+        "dra_driver_registered",
+        "1 while kubelet has the scanner's DRA driver registered, 0 while it has not called, not answered or refused the registration (/readyz says which).",
+        None,
+        dra.iter().map(|(labels, gauge)| (labels.clone(), gauge)),
     )?;
     family(
         e,
@@ -448,11 +513,20 @@ fn resource_families(
     family(
         e,
         "resource_stream_losses",
-        "kubelet's ListAndWatch stream for the resource ended while wdp and kubelet kept running; each one is followed by a new registration.",
+        "kubelet's ListAndWatch stream for the resource ended while wdp and kubelet kept running; each one is followed by a new registration. A stream that ends because kubelet stopped is not counted.",
         None,
         resources
             .iter()
             .map(|(name, m)| ([("resource", *name)], &m.stream_losses)),
+    )?;
+    family(
+        e,
+        "resource_registration_failures",
+        "Registrations of the resource kubelet answered with an error or not in time; each is retried with a backoff, and the last reason is on /readyz.",
+        None,
+        resources
+            .iter()
+            .map(|(name, m)| ([("resource", *name)], &m.registration_failures)),
     )
 }
 

@@ -23,9 +23,11 @@ pub struct Policy {
     pub max_types: usize,
     /// Most devices in one type.
     pub max_devices_per_type: usize,
-    /// Longest string (id, path, env or annotation key or value, CDI name), in bytes.
+    /// Longest string (id, path, env or annotation key or value, CDI name, attribute or capacity
+    /// name or value), in bytes.
     pub max_string_bytes: usize,
-    /// Most bytes of strings in one tree or one hook answer.
+    /// Most bytes of strings in one tree (its attributes and capacities included) or one hook
+    /// answer.
     pub max_tree_bytes: usize,
     /// Longest dev-type: 63 for kubelet, less when the socket path would not fit.
     pub max_dev_type_len: usize,
@@ -51,19 +53,21 @@ impl Policy {
         groups: Vec<wit::DeviceGroup>,
         dev: &DevFs,
     ) -> Result<DeviceTree, OutputError> {
-        self.check_tree_knowing(groups, dev, &|_| false)
+        self.check_tree_knowing(groups, Vec::new(), dev, &|_| false)
     }
 
-    /// [`Policy::check_tree`], where `known` names the node paths already known to exist (and
-    /// known not to have changed since): those are not looked up again, so a tree that differs
-    /// from the last one by one device asks the dev root about that device only.
+    /// [`Policy::check_tree`] of a tree notified with typed `attributes` for its devices (kept
+    /// on them), where `known` names the node paths already known to exist (and known not to
+    /// have changed since): those are not looked up again, so a tree that differs from the last
+    /// one by one device asks the dev root about that device only.
     pub fn check_tree_knowing(
         &self,
         groups: Vec<wit::DeviceGroup>,
+        attributes: Vec<wit::DeviceAttributes>,
         dev: &DevFs,
         known: &dyn Fn(&str) -> bool,
     ) -> Result<DeviceTree, OutputError> {
-        self.check_sizes(&groups)?;
+        self.check_sizes(&groups, &attributes)?;
         if let Some(g) = groups
             .iter()
             .find(|g| g.dev_type.len() > self.max_dev_type_len)
@@ -99,6 +103,8 @@ impl Policy {
                 })
                 .map_or_else(|| "a device".into(), |(id, _)| format!("device {id:?}"))
         })?;
+        let mut tree = tree;
+        tree.attach(attributes)?;
         Ok(tree)
     }
 
@@ -128,7 +134,14 @@ impl Policy {
         Ok(response)
     }
 
-    fn check_sizes(&self, groups: &[wit::DeviceGroup]) -> Result<(), OutputError> {
+    /// The caps, on the guest's data as lifted: before anything is copied out of it, a tree too
+    /// large for the policy is refused. Attributes count like any other string: their names,
+    /// text and version values, capacities, and the device each entry names.
+    fn check_sizes(
+        &self,
+        groups: &[wit::DeviceGroup],
+        attributes: &[wit::DeviceAttributes],
+    ) -> Result<(), OutputError> {
         if groups.len() > self.max_types {
             return Err(OutputError::TooManyTypes {
                 count: groups.len(),
@@ -154,6 +167,12 @@ impl Policy {
                 {
                     self.check_string(&owner, s, &mut bytes)?;
                 }
+            }
+        }
+        for a in attributes {
+            let owner = || format!("the attributes of device {:?}", a.id);
+            for s in attribute_strings(a) {
+                self.check_string(&owner, s, &mut bytes)?;
             }
         }
         Ok(())
@@ -266,6 +285,25 @@ impl<'a> NodeCheck<'a> {
         }
         Ok(())
     }
+}
+
+/// Every string of one device's attributes entry, for the size caps.
+fn attribute_strings(a: &wit::DeviceAttributes) -> impl Iterator<Item = &str> {
+    let values = a.attributes.iter().flat_map(|(name, value)| {
+        let value = match value {
+            wit::AttributeValue::Text(s) | wit::AttributeValue::Version(s) => s.as_str(),
+            wit::AttributeValue::Boolean(_) | wit::AttributeValue::Int(_) => "",
+        };
+        [name.as_str(), value]
+    });
+    let capacities = a
+        .capacities
+        .iter()
+        .flat_map(|(name, quantity)| [name.as_str(), quantity.as_str()]);
+    [a.dev_type.as_str(), a.id.as_str()]
+        .into_iter()
+        .chain(values)
+        .chain(capacities)
 }
 
 /// Every string a device or a container response carries: the same fields in both.
@@ -404,6 +442,60 @@ mod tests {
         let err = big
             .check_tree(vec![group("a", 3, info("/dev/kvm", None))], &dev)
             .unwrap_err();
+        assert_eq!(err.rule(), "max-tree-bytes");
+    }
+
+    /// One entry for device `d0` of type `a`: a text attribute and a capacity.
+    fn attributes(text: &str, quantity: &str) -> Vec<wit::DeviceAttributes> {
+        vec![wit::DeviceAttributes {
+            dev_type: "a".into(),
+            id: "d0".into(),
+            attributes: vec![("model".into(), wit::AttributeValue::Text(text.into()))],
+            capacities: vec![("memory".into(), quantity.into())],
+        }]
+    }
+
+    #[test]
+    fn attributes_count_in_the_size_caps() {
+        let (_tmp, dev) = dev();
+        let p = Policy {
+            max_string_bytes: 16,
+            max_tree_bytes: 100,
+            ..Policy::default()
+        };
+        let check = |text: &str, quantity: &str| {
+            let groups = vec![group("a", 1, info("/dev/kvm", None))];
+            p.check_tree_knowing(groups, attributes(text, quantity), &dev, &|_| false)
+        };
+        let tree = check("x", "1").unwrap();
+        let card = &tree.0["a"]["d0"].attributes;
+        assert_eq!(card.capacities["memory"], "1");
+        assert!(check(&"x".repeat(16), "1").is_ok());
+        for (text, quantity) in [
+            ("x".repeat(17), "1".to_string()),
+            ("x".into(), "1".repeat(17)),
+        ] {
+            let err = check(&text, &quantity).unwrap_err();
+            assert_eq!(err.rule(), "max-string-bytes", "{err}");
+            assert!(
+                err.to_string().contains("attributes of device \"d0\""),
+                "{err}"
+            );
+        }
+        // The tree alone: "a", "d0", "/dev/x", "/dev/kvm", "rw" (19 bytes); the entry: "a",
+        // "d0", "model", "memory" (14 bytes), then its two values of 16 bytes: 65 bytes.
+        let quantity = format!("{}1", "0".repeat(15));
+        let at = |max_tree_bytes| {
+            let groups = vec![group("a", 1, info("/dev/kvm", None))];
+            let attrs = attributes(&"x".repeat(16), &quantity);
+            Policy {
+                max_tree_bytes,
+                ..p.clone()
+            }
+            .check_tree_knowing(groups, attrs, &dev, &|_| false)
+        };
+        assert!(at(65).is_ok());
+        let err = at(64).unwrap_err();
         assert_eq!(err.rule(), "max-tree-bytes");
     }
 

@@ -4,8 +4,9 @@
 //! notifying trees, until the host stops it), and on a trap, an error, a CPU or memory overrun
 //! drops the store and starts again from the same `InstancePre`, with exponential backoff. Its
 //! [`ScannerEvent`]s are the only thing that leaves: the caller decides what a tree means. Each
-//! notified tree reaches it through the [`TreeSink`] given to the sandbox ([`EventSink`]): validated
-//! ([`crate::validate`]), then sent on.
+//! notified tree reaches it through the [`TreeSink`] given to the sandbox, which keeps the latest
+//! of a burst ([`crate::coalesce`]); the supervisor takes it when due, and its [`EventSink`]
+//! validates it ([`crate::validate`]) and sends it on.
 //! Cancelling is dropping the future (or aborting the task that runs it); that drops the store and
 //! the guest with it.
 
@@ -17,8 +18,9 @@ use tokio::sync::mpsc;
 
 use crate::bindings::scanner::ScannerPluginPre;
 use crate::bindings::types as wit;
+use crate::coalesce::{Latest, coalescing};
 use crate::policy::Policy;
-use crate::sandbox::{Guest, GuestState, Sandbox, SinkClosed, TreeSink, describe};
+use crate::sandbox::{Guest, GuestState, Sandbox, SinkClosed, Stopped, TreeSink, describe};
 use crate::topology::Topology;
 use crate::tree::{DeviceTree, OutputError};
 use crate::validate::Validator;
@@ -101,16 +103,62 @@ impl EventSink {
     }
 }
 
+impl EventSink {
+    fn event(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+    ) -> ScannerEvent {
+        checked(&mut self.validator, tree, attributes)
+    }
+
+    /// Validates and sends each tree of `latest` when it is due, until the events' reader is
+    /// gone. A tree is taken only once the reader has taken every event before it (the whole
+    /// queue is reserved), so at most one validated tree waits in the queue: while the reader
+    /// lags, the guest's trees keep replacing the pending one instead of queueing, each
+    /// validated tree a copy of a possibly large tree. Cancel-safe: room is reserved before a
+    /// tree is taken, so a tree taken is sent.
+    async fn deliver(&mut self, latest: &mut Latest) -> SinkClosed {
+        loop {
+            latest.ready().await;
+            let Ok(mut permits) = self.events.reserve_many(self.events.max_capacity()).await else {
+                latest.close();
+                return SinkClosed;
+            };
+            if let (Some(permit), Some((tree, attributes))) = (permits.next(), latest.take()) {
+                permit.send(checked(&mut self.validator, tree, attributes));
+            }
+        }
+    }
+
+    /// Sends what `latest` still holds: the last tree of a scan is never lost.
+    async fn flush(&mut self, latest: &mut Latest) {
+        if let Some((tree, attributes)) = latest.take() {
+            let event = self.event(tree, attributes);
+            let _ = self.events.send(event).await;
+        }
+    }
+}
+
+/// A notified tree as an event: validated, or refused.
+fn checked(
+    validator: &mut Validator,
+    tree: wit::DeviceTree,
+    attributes: Vec<wit::DeviceAttributes>,
+) -> ScannerEvent {
+    match validator.check_with_attributes(tree, attributes) {
+        Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
+        Err(e) => ScannerEvent::Refused(e),
+    }
+}
+
 impl TreeSink for EventSink {
     fn notify(
         &mut self,
         tree: wit::DeviceTree,
         attributes: Vec<wit::DeviceAttributes>,
     ) -> BoxFuture<'_, Result<(), SinkClosed>> {
-        let event = match self.validator.check_with_attributes(tree, attributes) {
-            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
-            Err(e) => ScannerEvent::Refused(e),
-        };
+        let event = self.event(tree, attributes);
         Box::pin(async move { self.events.send(event).await.map_err(|_| SinkClosed) })
     }
 }
@@ -166,23 +214,31 @@ pub async fn supervise(
 }
 
 /// One instance, from instantiation to the end of `scan`. The error is a one-line cause.
-async fn run_once(sandbox: &Sandbox, scanner: &Scanner, sink: EventSink) -> Result<(), String> {
+///
+/// The guest's notifies are coalesced ([`crate::coalesce`]); `sink` validates and sends what
+/// they leave, beside the guest in this task, and whatever is pending when `scan` ends (the last
+/// tree before a trap included) is sent before the outcome.
+async fn run_once(sandbox: &Sandbox, scanner: &Scanner, mut sink: EventSink) -> Result<(), String> {
     // A new instance: its memory is counted afresh, and its first scan starts now.
     scanner.guest.metrics.memory_reset();
     scanner.guest.metrics.woke();
+    let (notify, mut latest) = coalescing(scanner.guest.metrics.clone());
     let mut store = sandbox
-        .store(&scanner.guest, Some(Box::new(sink)))
+        .store(&scanner.guest, Some(Box::new(notify)))
         .map_err(|e| e.to_string())?;
     let plugin = scanner
         .pre
         .instantiate_async(&mut store)
         .await
         .map_err(|e| format!("instantiation failed: {}", describe(&e)))?;
-    match plugin
-        .wdp_device_plugin_scanner()
-        .call_scan(&mut store)
-        .await
-    {
+    let outcome = tokio::select! {
+        outcome = plugin.wdp_device_plugin_scanner().call_scan(&mut store) => outcome,
+        SinkClosed = sink.deliver(&mut latest) => {
+            return Err(describe(&wasmtime::Error::from(Stopped::SinkClosed)));
+        }
+    };
+    sink.flush(&mut latest).await;
+    match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(message)) => Err(format!("scan returned an error: {message}")),
         Err(e) => {

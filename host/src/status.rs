@@ -84,6 +84,8 @@ impl Live for Arc<Shared> {
 struct State {
     /// The first config has been applied: until then the set of scanners is not known yet.
     loaded: bool,
+    /// What [`Observability::writable_mounts`] was told.
+    writable_mounts: Vec<String>,
     scanners: BTreeMap<Arc<str>, ScannerEntry>,
     resources: BTreeMap<Arc<str>, ResourceEntry>,
 }
@@ -107,6 +109,9 @@ struct ResourceEntry {
     owner: u64,
     metrics: ResourceMetrics,
     registered: bool,
+    /// kubelet's answer to the last registration, when it was an error; cleared by the next
+    /// accepted one.
+    refused: Option<String>,
     healthy: usize,
     unhealthy: usize,
 }
@@ -154,6 +159,10 @@ pub struct StatusReport {
     pub not_ready: Vec<String>,
     /// Every scanner, by name.
     pub scanners: Vec<ScannerReport>,
+    /// Mounts at or under the sys and dev roots that are not read-only, as `path (fstype)`
+    /// (see [`crate::mounts`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writable_mounts: Vec<String>,
 }
 
 /// One scanner in `/status`.
@@ -274,9 +283,15 @@ impl Observability {
             }
         }
         for (name, r) in &state.resources {
-            if !r.registered {
-                reasons.push(format!("resource {name}: not registered with kubelet"));
+            if r.registered {
+                continue;
             }
+            reasons.push(match &r.refused {
+                Some(reason) => {
+                    format!("resource {name}: not registered with kubelet: registration failed: {reason}")
+                }
+                None => format!("resource {name}: not registered with kubelet"),
+            });
         }
         if reasons.is_empty() {
             Ok(())
@@ -332,7 +347,17 @@ impl Observability {
             ready: not_ready.is_empty(),
             not_ready,
             scanners,
+            writable_mounts: state.writable_mounts.clone(),
         }
+    }
+
+    /// The writable mounts at or under each root (`sys`, `dev`), as [`crate::mounts::check`]
+    /// found them: in `/status` and `wdp_host_writable_mounts`.
+    pub fn writable_mounts(&self, found: &[(&'static str, Vec<String>)]) {
+        for (root, mounts) in found {
+            self.inner.metrics.writable_mounts(root, mounts.len());
+        }
+        self.state().writable_mounts = found.iter().flat_map(|(_, m)| m.clone()).collect();
     }
 
     /// `/metrics`, in the OpenMetrics text format.
@@ -422,6 +447,7 @@ impl ScannerHandle {
                 owner: self.id,
                 metrics: metrics.clone(),
                 registered: false,
+                refused: None,
                 healthy: 0,
                 unhealthy: 0,
             },
@@ -517,7 +543,17 @@ impl ResourceHandle {
 /// Allocate calls into `/metrics`.
 impl ServerReport for ResourceHandle {
     fn registered(&self, registered: bool) {
-        self.update(|r| r.registered = registered);
+        self.update(|r| {
+            r.registered = registered;
+            if registered {
+                r.refused = None;
+            }
+        });
+    }
+
+    fn registration_failed(&self, reason: &str) {
+        self.metrics.registration_failed();
+        self.update(|r| r.refused = Some(reason.to_owned()));
     }
 
     fn stream_lost(&self) {
@@ -599,6 +635,16 @@ mod tests {
         assert_eq!(reasons.len(), 2, "{reasons:?}");
         assert!(reasons[0].starts_with("scanner serial: its tree was refused: "));
         assert_eq!(reasons[1], "resource ns/kvm: not registered with kubelet");
+        // kubelet answers with an error: its reason, until a registration goes through.
+        r.registration_failed("the ResourceName \"ns/kvm\" is invalid");
+        assert_eq!(
+            obs.readiness().unwrap_err()[1],
+            "resource ns/kvm: not registered with kubelet: registration failed: the ResourceName \"ns/kvm\" is invalid"
+        );
+        assert!(
+            obs.metrics_text()
+                .contains("wdp_resource_registration_failures_total{resource=\"ns/kvm\"} 1\n")
+        );
         r.registered(true);
         serial.event(&ScannerEvent::Tree(Arc::default()));
         assert_eq!(obs.readiness(), Ok(()));
@@ -614,9 +660,12 @@ mod tests {
         assert_eq!((k.name.as_str(), k.state), ("kvm", Phase::Serving));
         assert_eq!((k.resources[0].healthy, k.resources[0].unhealthy), (2, 1));
         assert_eq!(report.scanners[1].state, Phase::Restarting);
-        // kubelet goes away.
+        // kubelet goes away: not registered, and no refusal left from before.
         r.registered(false);
-        assert!(obs.readiness().is_err());
+        assert_eq!(
+            obs.readiness().unwrap_err(),
+            ["resource ns/kvm: not registered with kubelet"]
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use wdp_kubelet::names::is_dev_type;
 
 pub mod attributes;
 
-pub use attributes::{AttributeError, AttributeRule, AttributeValue, Attributes};
+pub use attributes::{AttributeError, AttributeRule, AttributeValue, Attributes, Named};
 
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -85,7 +85,6 @@ impl Validator {
         attributes: Vec<wit::DeviceAttributes>,
     ) -> Result<DeviceTree, OutputError> {
         let metrics = &self.metrics;
-        metrics.notified();
         if !self.memo_tried && node_count(&tree) >= MEMO_FROM {
             self.memo_tried = true;
             self.memo = NodeMemo::new(self.devfs.root_path().to_path_buf());
@@ -98,8 +97,7 @@ impl Validator {
         let known = |path: &str| memo.as_ref().is_some_and(|m| m.exists(path));
         let checked = self
             .policy
-            .check_tree_knowing(tree, &self.devfs, &known)
-            .and_then(|mut tree| tree.attach(attributes).map(|()| tree));
+            .check_tree_knowing(tree, attributes, &self.devfs, &known);
         match checked {
             Ok(mut tree) => {
                 match &mut self.memo {

@@ -42,7 +42,7 @@ use wdp_tests::fixture::Fixture;
 use wdp_tests::repo;
 
 /// Where the image installs the bundled scanners (the Containerfile's destination).
-const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
+pub(crate) const IMAGE_SCANNERS: &str = "/usr/lib/wdp/scanners/";
 
 /// The host's resident memory at its first start with 12 scanners, while compiling (the largest
 /// figure in bench/RESULTS.md, "First start (compiling): 64.5 MiB"): the pod's memory limit must
@@ -59,23 +59,23 @@ fn read(rel: &str) -> String {
 
 /// One rendered object: the file it came from, and the document as JSON.
 #[derive(Debug, Clone)]
-struct Doc {
-    file: String,
-    value: Value,
+pub(crate) struct Doc {
+    pub(crate) file: String,
+    pub(crate) value: Value,
 }
 
 impl Doc {
-    fn kind(&self) -> &str {
+    pub(crate) fn kind(&self) -> &str {
         self.value["kind"].as_str().unwrap_or_default()
     }
 
-    fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.value["metadata"]["name"].as_str().unwrap_or_default()
     }
 }
 
 /// Every YAML document in `text`, as JSON values (empty documents skipped).
-fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
+pub(crate) fn yaml_documents(text: &str) -> Result<Vec<Value>, String> {
     let mut docs = Vec::new();
     for doc in serde_yaml_ng::Deserializer::from_str(text) {
         let value = Value::deserialize(doc).map_err(|e| e.to_string())?;
@@ -92,7 +92,7 @@ const KUSTOMIZATION_KEYS: [&str; 4] = ["apiVersion", "kind", "resources", "image
 
 /// Renders `dir`'s kustomization as `kubectl kustomize` does for the keys it uses: the listed
 /// resource files, in order, with the `images` overrides applied.
-fn render(dir: &Path) -> Result<Vec<Doc>, String> {
+pub(crate) fn render(dir: &Path) -> Result<Vec<Doc>, String> {
     let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
         .map_err(|e| format!("kustomization.yaml: {e}"))?;
     let k: Value = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
@@ -159,7 +159,7 @@ fn render(dir: &Path) -> Result<Vec<Doc>, String> {
 }
 
 /// `registry:5000/wdp:1.0` -> (`registry:5000/wdp`, Some(`1.0`)); digests are not used here.
-fn split_image(image: &str) -> (&str, Option<&str>) {
+pub(crate) fn split_image(image: &str) -> (&str, Option<&str>) {
     let slash = image.rfind('/').map_or(0, |i| i + 1);
     match image[slash..].rfind(':') {
         Some(i) => (&image[..slash + i], Some(&image[slash + i + 1..])),
@@ -181,7 +181,7 @@ fn pod_containers_mut(doc: &mut Value) -> Vec<&mut Value> {
     out
 }
 
-fn rendered() -> Vec<Doc> {
+pub(crate) fn rendered() -> Vec<Doc> {
     render(&repo().join("deploy")).unwrap_or_else(|e| panic!("deploy/: {e}"))
 }
 
@@ -195,7 +195,7 @@ fn rendered() -> Vec<Doc> {
 /// absent and never writes back; nulls are removed before comparing. Quantities (`128Mi`) and
 /// int-or-string ports are kept verbatim by k8s-openapi, and defaults are not filled in, so
 /// nothing else needs normalising.
-fn strict<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
+pub(crate) fn strict<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<T, String> {
     let typed: T =
         serde_json::from_value(doc.clone()).map_err(|e| format!("does not parse: {e}"))?;
     let back = serde_json::to_value(&typed).map_err(|e| format!("does not serialize: {e}"))?;
@@ -249,7 +249,7 @@ fn compare(path: &str, original: &Value, back: &Value, problems: &mut Vec<String
     }
 }
 
-fn is<T: k8s_openapi::Resource>(doc: &Value) -> bool {
+pub(crate) fn is<T: k8s_openapi::Resource>(doc: &Value) -> bool {
     doc["apiVersion"] == T::API_VERSION && doc["kind"] == T::KIND
 }
 
@@ -272,7 +272,7 @@ fn check_typed(doc: &Value) -> Result<(), String> {
 }
 
 /// The one object of type `T` in the rendering.
-fn one<T: k8s_openapi::Resource + DeserializeOwned + Serialize>(docs: &[Doc]) -> T {
+pub(crate) fn one<T: k8s_openapi::Resource + DeserializeOwned + Serialize>(docs: &[Doc]) -> T {
     let found: Vec<&Doc> = docs.iter().filter(|d| is::<T>(&d.value)).collect();
     assert_eq!(found.len(), 1, "exactly one {} expected", T::KIND);
     strict(&found[0].value).unwrap_or_else(|e| panic!("{}: {e}", found[0].file))
@@ -735,7 +735,7 @@ fn the_memory_limit_covers_the_host_and_every_guest_limit() {
 // ---------------------------------------------------------------------------------------------
 // The ConfigMap's config
 
-fn config_yaml(docs: &[Doc]) -> String {
+pub(crate) fn config_yaml(docs: &[Doc]) -> String {
     let cm: ConfigMap = one(docs);
     cm.data
         .and_then(|mut d| d.remove("wdp.yaml"))
@@ -744,7 +744,7 @@ fn config_yaml(docs: &[Doc]) -> String {
 
 /// The config with each in-image component (`/usr/lib/wdp/scanners/X.wasm`) replaced by the same
 /// guest built here (`target/guests/wasm32-wasip2/release/X.wasm`).
-fn with_built_components(yaml: &str) -> serde_yaml_ng::Value {
+pub(crate) fn with_built_components(yaml: &str) -> serde_yaml_ng::Value {
     let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("config is YAML");
     let scanners = config
         .get_mut("scanners")
@@ -1025,7 +1025,7 @@ fn json_patch_op(doc: &mut Value, op: &Value) -> Result<(), String> {
 /// Renders the base `base` with the Component `dir` as `kubectl kustomize` does for the keys
 /// used: the base's objects and the Component's resources, then each JSON patch of the
 /// Component on the object its target names.
-fn render_with_component(base: &Path, dir: &Path) -> Result<Vec<Doc>, String> {
+pub(crate) fn render_with_component(base: &Path, dir: &Path) -> Result<Vec<Doc>, String> {
     let text = std::fs::read_to_string(dir.join("kustomization.yaml"))
         .map_err(|e| format!("kustomization.yaml: {e}"))?;
     let k: Value = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
@@ -1081,7 +1081,7 @@ fn render_with_component(base: &Path, dir: &Path) -> Result<Vec<Doc>, String> {
     Ok(docs)
 }
 
-fn rendered_dra() -> Vec<Doc> {
+pub(crate) fn rendered_dra() -> Vec<Doc> {
     render_with_component(&repo().join("deploy"), &repo().join("deploy/dra"))
         .unwrap_or_else(|e| panic!("deploy/dra/: {e}"))
 }
@@ -1104,7 +1104,7 @@ fn check_typed_dra(doc: &Value) -> Result<(), String> {
 }
 
 /// Every object of type `T` in the rendering.
-fn all<T: k8s_openapi::Resource + DeserializeOwned + Serialize>(docs: &[Doc]) -> Vec<T> {
+pub(crate) fn all<T: k8s_openapi::Resource + DeserializeOwned + Serialize>(docs: &[Doc]) -> Vec<T> {
     docs.iter()
         .filter(|d| is::<T>(&d.value))
         .map(|d| strict(&d.value).unwrap_or_else(|e| panic!("{}: {e}", d.file)))

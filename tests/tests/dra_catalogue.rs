@@ -1,12 +1,14 @@
 //! Every bundled scanner through `frontend: dra`: each over its catalogue fixture
 //! (`catalogue::every::defaults`, the fixtures the device-plugin tests use), `wdp run` publishes
-//! its tree to the API server stand-in, which validates every slice with the API's rules.
+//! its tree to the API server stand-in, which validates every slice with the API's rules, once the
+//! DRA kubelet stand-in registered the driver.
 
 use std::time::Instant;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use serde_json::json;
 use wdp_dra::apiserver::standin::{ApiServerStandIn, validate};
+use wdp_dra::kubelet::KubeletStandIn;
 use wdp_tests::eventually;
 use wdp_tests::host::Host;
 
@@ -71,6 +73,8 @@ async fn every_bundled_scanner_publishes_valid_slices() {
             },
         });
         let config = f.write_config(&serde_yaml_ng::to_string(&config).unwrap());
+        // Slices are published once kubelet registered the driver.
+        let _kubelet = KubeletStandIn::start(&kubelet.join("plugins_registry"), &api, NODE);
         let host = Host::start(&config, &plugins, &f);
         let devices: Vec<Device> = eventually(
             &format!("{}: {} devices published", case.label(), want.len()),

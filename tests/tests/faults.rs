@@ -5,8 +5,8 @@ use std::time::Duration;
 use wdp_kubelet::api::Empty;
 use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::{Fixture, Tmpfs};
-use wdp_tests::guest;
 use wdp_tests::host::{Host, Seen, serve};
+use wdp_tests::{EVENT_TIMEOUT, guest};
 
 fn kvm_config(f: &Fixture) -> std::path::PathBuf {
     let path = f.path().join("wdp.yaml");
@@ -51,14 +51,20 @@ async fn kubelet_that_never_answers_register() {
     let (f, plugins, config) = setup();
     let socket = plugins.join("kubelet.sock");
     let mute = tokio::net::UnixListener::bind(&socket).unwrap();
+    let (dialed, mut dials) = tokio::sync::watch::channel(0usize);
     let held = tokio::spawn(async move {
         let mut conns = Vec::new();
         while let Ok((conn, _)) = mute.accept().await {
             conns.push(conn); // hold, never speak
+            dialed.send_replace(conns.len());
         }
     });
     let host = Host::start(&config, &plugins, &f);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The host dials the mute kubelet and waits for Register's answer.
+    tokio::time::timeout(EVENT_TIMEOUT, dials.wait_for(|n| *n > 0))
+        .await
+        .expect("the host dials the mute kubelet")
+        .unwrap();
     held.abort();
     // The real kubelet replaces the mute one (it removes the old socket as kubelet does).
     std::fs::remove_file(&socket).unwrap();
@@ -93,7 +99,7 @@ async fn streams_closed_at_random() {
         x ^= x << 17;
         let mut c = client.clone();
         let mut stream = c.list_and_watch(Empty {}).await.unwrap().into_inner();
-        let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        let first = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
             .await
             .expect("first list in time")
             .unwrap()

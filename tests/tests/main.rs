@@ -15,6 +15,8 @@
 //! concurrent tests by design.
 
 mod attacks;
+mod attacks_hostfs;
+mod attacks_output;
 mod authoring;
 mod catalogue;
 mod cdi_podman;
@@ -22,7 +24,9 @@ mod contract_minor;
 mod deploy;
 mod dra;
 mod dra_catalogue;
+mod examples;
 mod faults;
+mod first_run;
 mod image;
 mod kubelet;
 mod languages;
@@ -30,6 +34,7 @@ mod node;
 mod observability;
 mod oci;
 mod proto;
+mod release;
 mod reload;
 mod resident;
 mod sandbox;

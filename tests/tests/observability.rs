@@ -18,13 +18,32 @@ use wdp_tests::{eventually, guest};
 async fn start(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
     let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
     let addr = eventually("the metrics address in the host's log", || async {
-        let log = host.log();
+        let log = strip_ansi(&host.log());
         let line = log.lines().find(|l| l.contains("serving /metrics"))?;
         let addr = line.split("addr=").nth(1)?.split_whitespace().next()?;
         Some(addr.to_string())
     })
     .await;
     (host, addr)
+}
+
+/// The log without terminal colour codes.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... final byte in @..~
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) && c != '[' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One GET; the status code and the body, failing the test when there is no answer.
@@ -447,23 +466,6 @@ async fn a_metrics_address_in_use_is_fatal_and_named() {
     );
 }
 
-/// In a pod stderr is a pipe to the runtime's log file, which `kubectl logs` and log collectors
-/// read: a text log that is not a terminal carries no colour codes, so its `key=value` fields
-/// read as written.
-#[tokio::test]
-async fn a_log_that_is_not_a_terminal_has_no_colour_codes() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let config = f.write_config(&format!(
-        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n",
-        guest("kvm").display()
-    ));
-    let (host, addr) = start(&f, &config, &f.plugin_dir()).await;
-    let log = host.log();
-    assert!(!log.contains('\u{1b}'), "{log}");
-    assert!(log.contains(&format!("addr={addr}")), "{log}");
-}
-
 /// One metric family as exported: `(name as queried, type, label names, help)`.
 type Family = (String, String, BTreeSet<String>, String);
 
@@ -567,7 +569,11 @@ fn parse_table(section: &str) -> Result<BTreeMap<String, Family>, String> {
 async fn readme_metrics_table_matches_what_the_host_exports() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
-    // A scanner with a hook and a served resource: every family then has a series.
+    // A scanner with a hook and a served resource, and one served through DRA: every family
+    // then has a series.
+    let api = wdp_dra::apiserver::standin::ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
     let config = f.write_config(&format!(
         "scanners:
   - name: kvm
@@ -575,16 +581,36 @@ async fn readme_metrics_table_matches_what_the_host_exports() {
     post-allocator: {hooks}
     namespace: devices.example.com
     env: {{ HOOK_MODE: renumber }}
+  - name: kvm-dra
+    component: {kvm}
+    namespace: dra.example.com
+    cdi: {{ dir: {cdi} }}
+    frontend: dra
+node:
+  name: node-1
+  plugins-dir: {kubelet}/plugins
+  plugins-registry-dir: {kubelet}/plugins_registry
+  api-server: http://{addr}
 ",
         kvm = guest("kvm").display(),
         hooks = guest("test_hooks").display(),
+        cdi = f.path().join("cdi").display(),
+        kubelet = f.path().join("kubelet").display(),
+        addr = api.addr(),
     ));
     let plugins = f.plugin_dir();
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let (host, addr) = start(&f, &config, &plugins).await;
     seen.all_listed(&["devices.example.com/kvm"]).await;
-    let exported = families(&metrics(&addr).await);
+    let scrape = eventually("the DRA driver's series", || async {
+        let scrape = metrics(&addr).await;
+        scrape
+            .contains("wdp_dra_driver_registered{")
+            .then_some(scrape)
+    })
+    .await;
+    let exported = families(&scrape);
     host.terminate().await;
     kubelet.stop().await;
 
@@ -681,5 +707,238 @@ async fn a_reload_takes_a_removed_scanner_out_and_counts_refusals() {
 
     let status = host.terminate().await;
     assert!(status.success(), "exit status {status}");
+    kubelet.stop().await;
+}
+
+/// The sys root as a runtime without recursive read-only mounts leaves `/host/sys` (containerd
+/// 1.6 with `recursiveReadOnly: IfPossible`): a read-only bind whose sub-mount (cgroupfs there,
+/// a tmpfs here) stays writable. Made in the child's own mount namespace before it execs wdp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_mount_under_a_read_only_sys_root_is_warned_of_and_reported() {
+    use rustix::mount::{MountFlags, MountPropagationFlags};
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    f.sys_dir("fs/cgroup");
+    let sys = std::fs::canonicalize(f.sys()).unwrap();
+    let cgroup = sys.join("fs/cgroup");
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n",
+        guest("kvm").display()
+    ));
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+
+    let mut cmd = tokio::process::Command::new(wdp_tests::wdp_bin());
+    cmd.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--sys-root")
+        .arg(&sys)
+        .arg("--dev-root")
+        .arg(f.dev())
+        .arg("--compile-cache")
+        .arg(f.path().join("compiled"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .env("RUST_LOG", "info");
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (sys_c, cgroup_c) = (c(&sys), c(&cgroup));
+    // SAFETY: raw syscalls only, on strings prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+            rustix::mount::mount_change(
+                c"/",
+                MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+            )?;
+            rustix::mount::mount(c"tmpfs", &cgroup_c, c"tmpfs", MountFlags::empty(), None)?;
+            // A recursive bind made read-only at its top only, as `readOnly: true` alone is.
+            rustix::mount::mount_bind_recursive(&sys_c, &sys_c)?;
+            rustix::mount::mount_remount(&sys_c, MountFlags::BIND | MountFlags::RDONLY, c"")?;
+            Ok(())
+        });
+    }
+    let host = Host::spawn(&mut cmd, &f.path().join("wdp-run.log")).expect("start wdp run");
+    seen.all_listed(&["devices.example.com/kvm"]).await;
+
+    let writable = format!("{} (tmpfs)", cgroup.display());
+    let log = eventually("the warning in the host's log", || async {
+        let log = strip_ansi(&host.log());
+        log.lines()
+            .find(|l| l.contains("WARN") && l.contains("mounts under it are writable"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(
+        log.contains(&writable) && log.contains("recursiveReadOnly"),
+        "{log}"
+    );
+    let addr = {
+        let log = strip_ansi(&host.log());
+        let line = log
+            .lines()
+            .find(|l| l.contains("serving /metrics"))
+            .expect("the metrics address in the log")
+            .to_owned();
+        line.split("addr=")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        must(
+            &metrics(&addr).await,
+            "wdp_host_writable_mounts{root=\"sys\"}"
+        ),
+        1.0
+    );
+    let (code, body) = get(&addr, "/status").await;
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let listed: Vec<&str> = status["writable_mounts"]
+        .as_array()
+        .expect("writable_mounts in /status")
+        .iter()
+        .filter_map(|m| m.as_str())
+        .collect();
+    assert!(listed.contains(&writable.as_str()), "{listed:?}");
+    assert!(
+        !listed
+            .iter()
+            .any(|m| m.starts_with(&format!("{} (", sys.display()))),
+        "the sys root itself is read-only: {listed:?}"
+    );
+
+    host.terminate().await;
+    kubelet.stop().await;
+}
+
+/// kubelet restarting as a real one does, stopped (SIGTERM) and then killed: its `kubelet.sock`
+/// stays in place, refusing connections, until the next kubelet starts. The ListAndWatch stream
+/// that ends with it is no lost stream: `wdp_resource_stream_losses_total` stays 0, the log says
+/// so at info level (no "registration failed", no "kubelet refused"), and each kubelet start is
+/// followed by one registration. A stream cut while kubelet runs still counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restarts_are_not_counted_as_lost_streams() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}\n",
+        guest("kvm").display()
+    ));
+    let kvm = "devices.example.com/kvm";
+    let losses = "wdp_resource_stream_losses_total{resource=\"devices.example.com/kvm\"}";
+    let plugins = f.plugin_dir();
+    let (mut kubelet, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = start(&f, &config, &plugins).await;
+    seen.devices(kvm, &["kvm-0"]).await;
+    let ready = |want: u16| {
+        let addr = addr.clone();
+        async move {
+            eventually(&format!("/readyz answering {want}"), || async {
+                (get(&addr, "/readyz").await.0 == want).then_some(())
+            })
+            .await
+        }
+    };
+    ready(200).await;
+
+    for killed in [false, true] {
+        if killed {
+            kubelet.crash().await;
+        } else {
+            kubelet.stop().await;
+        }
+        assert!(
+            plugins.join("kubelet.sock").exists(),
+            "kubelet leaves its socket"
+        );
+        // wdp saw kubelet go before the next one comes.
+        ready(503).await;
+        let (k, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+        kubelet = k;
+        seen = Seen::new(observed);
+        seen.devices(kvm, &["kvm-0"]).await;
+        ready(200).await;
+        assert_eq!(must(&metrics(&addr).await, losses), 0.0, "killed: {killed}");
+        assert_eq!(seen.registrations(kvm), 1, "killed: {killed}");
+    }
+    let log = strip_ansi(&host.log());
+    assert_eq!(
+        log.matches("kubelet stopped (its socket refuses connections)")
+            .count(),
+        2,
+        "{log}"
+    );
+    for wrong in [
+        "registration failed",
+        "kubelet refused",
+        "stream ended while it kept running",
+    ] {
+        assert!(!log.contains(wrong), "{wrong:?} in:\n{log}");
+    }
+
+    // A stream kubelet drops while it runs is a loss, and one registration.
+    assert!(kubelet.cut_stream(kvm));
+    seen.until("registered again after a cut", |s| {
+        s.registrations(kvm) >= 2
+    })
+    .await;
+    seen.devices(kvm, &["kvm-0"]).await;
+    assert_eq!(must(&metrics(&addr).await, losses), 1.0);
+    // Nothing more registered meanwhile: one registration for the start, one for the cut.
+    assert_eq!(seen.registrations(kvm), 2);
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}
+
+/// kubelet answering the registration with an error: wdp logs kubelet's reason, counts it,
+/// keeps it on `/readyz`, and retries until kubelet takes the resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_kubelet_refuses_is_on_readyz_with_kubelets_reason() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n  - name: kvm\n    component: {}\n    namespace: devices.example.com\n    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}\n",
+        guest("kvm").display()
+    ));
+    let kvm = "devices.example.com/kvm";
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("the kubelet stand-in");
+    let reason = "no more device plugins on this node";
+    kubelet.refuse(Some(reason.into()));
+    let mut seen = Seen::new(observed);
+    let (host, addr) = start(&f, &config, &plugins).await;
+    let line =
+        format!("resource {kvm}: not registered with kubelet: registration failed: {reason}");
+    eventually(&format!("/readyz with {line:?}"), || async {
+        let (code, body) = get(&addr, "/readyz").await;
+        (code == 503 && body.contains(&line)).then_some(())
+    })
+    .await;
+    let failures = format!("wdp_resource_registration_failures_total{{resource=\"{kvm}\"}}");
+    assert!(must(&metrics(&addr).await, &failures) >= 1.0);
+    let log = strip_ansi(&host.log());
+    assert!(
+        log.contains("registration failed; retrying") && log.contains(reason),
+        "{log}"
+    );
+
+    kubelet.refuse(None);
+    seen.devices(kvm, &["kvm-0"]).await;
+    eventually("ready", || async {
+        (get(&addr, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(host.terminate().await.success());
     kubelet.stop().await;
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use wdp::sandbox::{GuestLimits, Roots, Sandbox};
 use wdp::scanner::{RestartPolicy, ScannerEvent};
 use wdp_tests::fixture::Fixture;
-use wdp_tests::{ids, run_guest};
+use wdp_tests::{eventually_showing, ids, run_guest};
 
 fn roots(f: &Fixture) -> Roots {
     Roots {
@@ -154,7 +154,8 @@ async fn failing_guests_are_stopped_and_others_keep_working() {
     assert_eq!(ids(&spinner.next_tree().await, "before"), ["x"]);
     assert!(spinner.failure().await.contains("CPU"));
 
-    // A flood of 10,000 trees is delivered in order without losing the guest or the host.
+    // A flood of 10,000 trees is coalesced, without losing the guest or the host: the trees
+    // delivered come in order, at most one per interval of the burst, and the last one always.
     let mut flood = run_guest(
         &sandbox,
         "hostile",
@@ -163,20 +164,24 @@ async fn failing_guests_are_stopped_and_others_keep_working() {
         RestartPolicy::Never,
     )
     .await;
-    let mut count = 0;
-    let mut last = None;
+    let mut delivered = Vec::new();
     loop {
         match flood.next().await {
             ScannerEvent::Tree(t) => {
-                count += 1;
-                last = Some(t);
+                let id = ids(&t, "flood").pop().expect("one device");
+                delivered.push(id[1..].parse::<u32>().expect("n<i>"));
             }
             ScannerEvent::Finished => break,
             other => panic!("flood: unexpected {other:?}"),
         }
     }
-    assert_eq!(count, 10_000);
-    assert_eq!(ids(last.as_ref().unwrap(), "flood"), ["n9999"]);
+    assert_eq!(delivered.last(), Some(&9999), "the last tree is delivered");
+    assert!(delivered.is_sorted(), "in order: {delivered:?}");
+    assert!(
+        delivered.len() < 10_000,
+        "a burst is coalesced, yet {} trees were delivered",
+        delivered.len()
+    );
 
     // Through all of that the healthy scanner kept running: hot-plug a node and see it.
     f.char_dev("fuse", 10, 229);
@@ -227,15 +232,19 @@ async fn wait_for_change_wakes_on_hotplug_and_unplug() {
     )
     .await;
     assert!(kvm.next_tree().await.0.is_empty());
-    // The scanner now waits in the host: the epoch clock is parked, an idle host does not tick.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let before = sandbox.clock().ticks();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let idle_ticks = sandbox.clock().ticks() - before;
-    assert!(
-        idle_ticks <= 1,
-        "{idle_ticks} ticks while every guest waited"
-    );
+    // The scanner goes on to wait in the host (when, a loaded machine decides): the epoch clock
+    // then parks, an idle host does not tick.
+    eventually_showing("no ticks while every guest waits", || async {
+        let before = sandbox.clock().ticks();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let idle_ticks = sandbox.clock().ticks() - before;
+        if idle_ticks <= 1 {
+            Ok(())
+        } else {
+            Err(format!("{idle_ticks} ticks in 300 ms"))
+        }
+    })
+    .await;
     f.char_dev("net/tun", 10, 200);
     assert_eq!(ids(&kvm.next_tree().await, "tun"), ["tun-0"]);
     f.remove_dev("net/tun");

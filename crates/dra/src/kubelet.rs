@@ -5,15 +5,22 @@
 //!
 //! - at its start it deletes every ResourceSlice of its node (kubelet does, so that slices of
 //!   drivers gone while it was down do not linger);
+//! - it behaves as one kubelet release ([`Version`], 1.34 by default) where releases differ on
+//!   the wire: the `:authority` of each dial, the DRA services it speaks, the health stream;
 //! - its plugin watcher finds `*-reg.sock` in the registry directory (kubelet uses inotify; the
-//!   stand-in looks every 50 ms), calls `GetInfo`, accepts only `DRAPlugin`, picks the newest
-//!   DRA service the plugin supports (`v1.DRAPlugin`, else `v1beta1.DRAPlugin`) and answers
-//!   `NotifyRegistrationStatus`; a socket bound again (another inode) is registered again, a
-//!   socket removed deregisters the driver;
+//!   stand-in looks every 50 ms), dials it as kubelet does (grpc-go with the bare socket path:
+//!   the percent-encoded path as `:authority`), calls `GetInfo`, accepts only `DRAPlugin`, picks
+//!   the newest DRA service both speak (`v1.DRAPlugin`, else `v1beta1.DRAPlugin`; 1.32 and 1.33
+//!   only know `v1beta1.DRAPlugin` of wdp's) and answers `NotifyRegistrationStatus`; a socket
+//!   bound again (another inode) is registered again, a socket removed deregisters the driver;
 //! - it calls `NodePrepareResources` and `NodeUnprepareResources` on the endpoint the driver
 //!   gave, over one connection per driver kept until the driver registers again, with kubelet's
-//!   45 s timeout, through the service version it picked, and opens the
-//!   `NodeWatchResources` health stream of a driver that advertised `v1.DRAResourceHealth`;
+//!   45 s timeout, through the service version it picked; from 1.34 on it opens the
+//!   `/v1alpha1.DRAResourceHealth/NodeWatchResources` health stream over that connection, as
+//!   those releases do on every driver (with their ResourceHealthStatus gate on) whatever
+//!   `GetInfo` listed: on demand ([`KubeletStandIn::health`]) or, with the gate
+//!   ([`Options::resource_health_status`]), from registration on, opened again 5 s after it
+//!   fails or ends;
 //! - 30 s after a driver is gone (its registration socket removed) and not back, it deletes the
 //!   driver's slices on its node (`defaultWipingDelay` in `pkg/kubelet/cm/dra/manager.go`, the
 //!   pending wipe of `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`'s `wipeResourceSlices`,
@@ -30,10 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -45,33 +50,118 @@ use crate::plugin::ClaimRef;
 use crate::proto::pluginregistration::{
     InfoRequest, RegistrationStatus, registration_client::RegistrationClient,
 };
-use crate::proto::{dra_v1, dra_v1beta1, health_v1};
-use crate::registration::{DRA_V1, DRA_V1BETA1, HEALTH_V1, PLUGIN_TYPE};
+use crate::proto::{dra_v1, dra_v1beta1, health_v1alpha1};
+use crate::registration::{DRA_V1, DRA_V1BETA1, PLUGIN_TYPE};
 
 /// kubelet's timeout of a NodePrepareResources or NodeUnprepareResources call.
 pub const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// How often the stand-in's plugin watcher looks at the registry directory.
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+/// How long kubelet waits before opening a driver's health stream again after it failed or
+/// ended (`wait.UntilWithContext` in `dra_plugin_manager.go`).
+pub const HEALTH_RETRY: Duration = Duration::from_secs(5);
 /// kubelet's delay between a driver going away and the deletion of its slices
 /// (`defaultWipingDelay`): long enough for a DaemonSet's pod to be replaced.
 pub const WIPING_DELAY: Duration = Duration::from_secs(30);
 
+/// The kubelet release the stand-in behaves as, where releases differ on the wire (read from
+/// each release's `pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`,
+/// `pkg/kubelet/cm/dra/plugin/` and the grpc-go it vendors).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Version {
+    /// 1.32: DRAPlugin v1beta1 (or v1alpha4.Node); `dra.sock` dialled by its bare path; no
+    /// health client.
+    V1_32,
+    /// 1.33: as 1.32.
+    V1_33,
+    /// 1.34: DRAPlugin v1 or v1beta1; `dra.sock` dialled as `unix:<path>`; the v1alpha1 health
+    /// stream.
+    #[default]
+    V1_34,
+    /// 1.35: as 1.34.
+    V1_35,
+}
+
+impl Version {
+    /// Every release the stand-in knows, oldest first.
+    pub const ALL: [Version; 4] = [
+        Version::V1_32,
+        Version::V1_33,
+        Version::V1_34,
+        Version::V1_35,
+    ];
+
+    /// The `:authority` of the plugin watcher's connection to a registration socket: every
+    /// release dials the bare socket path with grpc-go, whose `passthrough` resolver sends the
+    /// path percent-encoded.
+    pub fn registration_authority(self, socket: &Path) -> Vec<u8> {
+        wdp_kubelet::authority::grpc_go_passthrough(socket)
+    }
+
+    /// The `:authority` of the DRA manager's connection to a driver's `dra.sock`: 1.32 and 1.33
+    /// dial the bare path (`grpc.Dial(endpoint)`: percent-encoded), 1.34 and later
+    /// `unix:<path>` (`grpc.NewClient`: `localhost`).
+    pub fn dra_authority(self, endpoint: &Path) -> Vec<u8> {
+        match self {
+            Version::V1_32 | Version::V1_33 => {
+                wdp_kubelet::authority::grpc_go_passthrough(endpoint)
+            }
+            Version::V1_34 | Version::V1_35 => wdp_kubelet::authority::LOCALHOST.into(),
+        }
+    }
+
+    /// The DRAPlugin services it speaks that wdp serves, newest first
+    /// (`servicesSupportedByKubelet`).
+    pub fn dra_services(self) -> &'static [&'static str] {
+        match self {
+            Version::V1_32 | Version::V1_33 => &[DRA_V1BETA1],
+            Version::V1_34 | Version::V1_35 => &[DRA_V1, DRA_V1BETA1],
+        }
+    }
+
+    /// Whether it opens the v1alpha1 health stream on every registered driver (1.34 and 1.35,
+    /// with their ResourceHealthStatus gate on); 1.32 and 1.33 have no health client.
+    pub fn watches_health(self) -> bool {
+        self >= Version::V1_34
+    }
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Version::V1_32 => "1.32",
+            Version::V1_33 => "1.33",
+            Version::V1_34 => "1.34",
+            Version::V1_35 => "1.35",
+        })
+    }
+}
+
 /// How the stand-in behaves where a test needs it to differ from kubelet's defaults.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The kubelet release it behaves as ([`Version::V1_34`] by default).
+    pub version: Version,
     /// What every registration is refused with, when set (as kubelet refuses a driver name
     /// already registered, or a version it does not speak).
     pub refuse: Option<String>,
     /// How long after a driver is gone its slices are deleted ([`WIPING_DELAY`] by default; a
     /// test shortens it rather than waiting half a minute).
     pub wiping_delay: Duration,
+    /// kubelet's `ResourceHealthStatus` feature gate (off by default in 1.34 and 1.35): from
+    /// 1.34 on, the health stream of every registered driver is kept open, opened again
+    /// [`HEALTH_RETRY`] after it fails or ends, and what it says is kept
+    /// ([`KubeletStandIn::device_health`]).
+    pub resource_health_status: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Self {
+            version: Version::default(),
             refuse: None,
             wiping_delay: WIPING_DELAY,
+            resource_health_status: false,
         }
     }
 }
@@ -89,6 +179,8 @@ pub struct Registered {
 
 #[derive(Default)]
 struct State {
+    /// The kubelet release it behaves as.
+    version: Version,
     /// Registered drivers, by name.
     drivers: BTreeMap<String, Registered>,
     /// Registrations answered, accepted or refused, by driver.
@@ -106,6 +198,14 @@ struct State {
     claims: BTreeMap<(String, String), ClaimInfo>,
     /// One connection per registered driver, as kubelet keeps (dropped when it registers again).
     channels: BTreeMap<String, Channel>,
+    /// Whether registered drivers' health streams are kept open (the feature gate).
+    health_watch: bool,
+    /// The health streams kept open, by driver.
+    health_watchers: BTreeMap<String, JoinHandle<()>>,
+    /// The last health each driver's stream gave, by (driver, pool, device).
+    health: BTreeMap<(String, String, String), i32>,
+    /// Why each driver's health stream last failed.
+    health_errors: BTreeMap<String, String>,
 }
 
 /// What kubelet keeps of a claim it prepared (`ClaimInfo` of `pkg/kubelet/cm/dra/claiminfo.go`).
@@ -210,8 +310,12 @@ pub struct KubeletStandIn {
 impl Drop for KubeletStandIn {
     fn drop(&mut self) {
         self.watcher.abort();
-        for wipe in lock(&self.state).wipes.drain(..) {
+        let mut s = lock(&self.state);
+        for wipe in s.wipes.drain(..) {
             wipe.abort();
+        }
+        for (_, watcher) in std::mem::take(&mut s.health_watchers) {
+            watcher.abort();
         }
     }
 }
@@ -250,7 +354,9 @@ impl KubeletStandIn {
     ) -> Self {
         api.wipe_slices(Some(node), None);
         let state = Arc::new(Mutex::new(State {
+            version: options.version,
             refuse: options.refuse,
+            health_watch: options.resource_health_status,
             ..State::default()
         }));
         let wiper = Wiper {
@@ -266,7 +372,10 @@ impl KubeletStandIn {
         }
     }
 
-    /// Stops the watcher: the stand-in keeps what it registered but sees nothing new.
+    /// Stops like kubelet (SIGTERM or SIGKILL alike): the watcher ends and the connections to
+    /// drivers close; the registry directory, every driver's sockets and files and the slices
+    /// are left as they are, as kubelet leaves them when its process ends (the plugin watcher
+    /// removes nothing; a driver's slices are wiped by the next kubelet, not this one).
     pub fn stop(self) {}
 
     /// Prepares the claims of `pod` and returns what each of its containers gets, as kubelet's
@@ -454,15 +563,27 @@ impl KubeletStandIn {
 
     /// The driver's connection: the one already open, or a new one kept for the next calls.
     async fn channel(&self, driver: &str) -> Result<(Registered, Channel), tonic::Status> {
-        let plugin = self.driver(driver)?;
-        if let Some(channel) = lock(&self.state).channels.get(driver) {
-            return Ok((plugin, channel.clone()));
-        }
-        let channel = connect(&plugin.endpoint).await?;
-        lock(&self.state)
-            .channels
-            .insert(driver.to_owned(), channel.clone());
-        Ok((plugin, channel))
+        driver_channel(&self.state, driver).await
+    }
+
+    /// The last health `driver`'s stream gave for `device` of `pool` (kept with
+    /// [`Options::resource_health_status`]).
+    pub fn device_health(
+        &self,
+        driver: &str,
+        pool: &str,
+        device: &str,
+    ) -> Option<health_v1alpha1::HealthStatus> {
+        let s = lock(&self.state);
+        let key = (driver.to_owned(), pool.to_owned(), device.to_owned());
+        s.health
+            .get(&key)
+            .and_then(|h| health_v1alpha1::HealthStatus::try_from(*h).ok())
+    }
+
+    /// Why `driver`'s kept health stream last failed, if it did.
+    pub fn health_error(&self, driver: &str) -> Option<String> {
+        lock(&self.state).health_errors.get(driver).cloned()
     }
 
     fn driver(&self, driver: &str) -> Result<Registered, tonic::Status> {
@@ -523,25 +644,15 @@ impl KubeletStandIn {
             .collect())
     }
 
-    /// The `NodeWatchResources` stream of `driver`, as kubelet opens it for a driver that
-    /// advertised the health service.
+    /// The health stream of `driver`, as the release opens it: from 1.34 on,
+    /// `/v1alpha1.DRAResourceHealth/NodeWatchResources` on the driver's connection, whatever
+    /// `GetInfo` listed (those releases have no other health client and do not look);
+    /// `Unimplemented` for 1.32 and 1.33, which have no health client at all.
     pub async fn health(
         &self,
         driver: &str,
-    ) -> Result<tonic::Streaming<health_v1::NodeWatchResourcesResponse>, tonic::Status> {
-        let plugin = self.driver(driver)?;
-        if !plugin.supported_versions.iter().any(|v| v == HEALTH_V1) {
-            return Err(tonic::Status::unimplemented(format!(
-                "DRA driver {driver} did not advertise {HEALTH_V1}"
-            )));
-        }
-        let channel = connect(&plugin.endpoint).await?;
-        let mut client =
-            health_v1::dra_resource_health_client::DraResourceHealthClient::new(channel);
-        Ok(client
-            .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
-            .await?
-            .into_inner())
+    ) -> Result<tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
+        open_health(&self.state, driver).await
     }
 
     /// NodeUnprepareResources of `claims` on `driver`: the error per claim UID (empty: done).
@@ -576,6 +687,82 @@ impl KubeletStandIn {
             .into_iter()
             .map(|(uid, r)| (uid, r.error))
             .collect())
+    }
+}
+
+/// `driver`'s connection: the one already open, or a new one kept for the next calls, dialled as
+/// the release dials `dra.sock`.
+async fn driver_channel(
+    state: &Mutex<State>,
+    driver: &str,
+) -> Result<(Registered, Channel), tonic::Status> {
+    let (plugin, open, version) = {
+        let s = lock(state);
+        let plugin = s.drivers.get(driver).cloned().ok_or_else(|| {
+            tonic::Status::failed_precondition(format!("DRA driver {driver} is not registered"))
+        })?;
+        (plugin, s.channels.get(driver).cloned(), s.version)
+    };
+    if let Some(channel) = open {
+        return Ok((plugin, channel));
+    }
+    let channel = connect(&plugin.endpoint, version.dra_authority(&plugin.endpoint)).await?;
+    lock(state)
+        .channels
+        .insert(driver.to_owned(), channel.clone());
+    Ok((plugin, channel))
+}
+
+/// `driver`'s health stream as the release opens it (see [`KubeletStandIn::health`]).
+async fn open_health(
+    state: &Mutex<State>,
+    driver: &str,
+) -> Result<tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
+    let version = lock(state).version;
+    if !version.watches_health() {
+        return Err(tonic::Status::unimplemented(format!(
+            "kubelet {version} has no DRA health client"
+        )));
+    }
+    let (_, channel) = driver_channel(state, driver).await?;
+    let mut client =
+        health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel);
+    Ok(client
+        .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+        .await?
+        .into_inner())
+}
+
+/// kubelet's health stream of a registered driver (`DRAPluginManager.add` with
+/// `ResourceHealthStatus`): opened, read until it ends, opened again after [`HEALTH_RETRY`];
+/// every message's devices kept.
+async fn watch_health(driver: String, state: Arc<Mutex<State>>) {
+    loop {
+        let ended = match open_health(&state, &driver).await {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(message)) => {
+                        let mut s = lock(&state);
+                        for d in message.devices {
+                            if let Some(id) = d.device {
+                                let key = (driver.clone(), id.pool_name, id.device_name);
+                                s.health.insert(key, d.health);
+                            }
+                        }
+                    }
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            },
+            Err(e) => Some(e),
+        };
+        if let Some(e) = ended {
+            tracing::info!(%driver, error = %e, "DRA health stream failed; opening it again in 5 s");
+            lock(&state)
+                .health_errors
+                .insert(driver.clone(), e.to_string());
+        }
+        tokio::time::sleep(HEALTH_RETRY).await;
     }
 }
 
@@ -775,17 +962,11 @@ fn beta_claim(c: dra_v1::Claim) -> dra_v1beta1::Claim {
     }
 }
 
-/// A channel to the gRPC server on the Unix socket `path`.
-async fn connect(path: &Path) -> Result<Channel, tonic::Status> {
-    let path = path.to_path_buf();
-    let shown = path.display().to_string();
-    Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        }))
+/// A channel to the gRPC server on the Unix socket `path`, its requests carrying `authority`.
+async fn connect(path: &Path, authority: Vec<u8>) -> Result<Channel, tonic::Status> {
+    wdp_kubelet::transport::connect_with_authority(path, authority)
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("{shown}: {e}")))
+        .map_err(|e| tonic::Status::unavailable(format!("{}: {e}", path.display())))
 }
 
 /// The plugin watcher: registers every new registration socket, forgets removed ones.
@@ -827,6 +1008,9 @@ async fn watch(registry: PathBuf, state: Arc<Mutex<State>>, wiper: Wiper) {
             s.seen.remove(&path);
             let driver = driver_of(&path);
             s.channels.remove(&driver);
+            if let Some(watcher) = s.health_watchers.remove(&driver) {
+                watcher.abort();
+            }
             if s.drivers.remove(&driver).is_some() {
                 let departure = s.departures.entry(driver.clone()).or_default();
                 *departure += 1;
@@ -836,10 +1020,16 @@ async fn watch(registry: PathBuf, state: Arc<Mutex<State>>, wiper: Wiper) {
             }
         }
         for (path, id) in new {
-            // Marked seen even when it fails: kubelet retries only on a new socket event.
-            lock(&state).seen.insert(path.clone(), id);
-            if let Err(e) = register(&path, &state).await {
-                tracing::warn!(socket = %path.display(), error = %e, "DRA registration failed");
+            // Not marked seen when no answer came (a socket bound but not yet listening, a
+            // stale one): tried again at the next scan, as kubelet's reconciler retries a plugin
+            // it could not register.
+            match register(&path, &state).await {
+                Ok(()) => {
+                    lock(&state).seen.insert(path.clone(), id);
+                }
+                Err(e) => {
+                    tracing::warn!(socket = %path.display(), error = %e, "DRA registration failed");
+                }
             }
         }
         tokio::time::sleep(WATCH_INTERVAL).await;
@@ -880,11 +1070,15 @@ fn driver_of(path: &Path) -> String {
         .to_owned()
 }
 
-async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status> {
-    let mut client = RegistrationClient::new(connect(path).await?);
+async fn register(path: &Path, state: &Arc<Mutex<State>>) -> Result<(), tonic::Status> {
+    let kubelet = lock(state).version;
+    let channel = connect(path, kubelet.registration_authority(path)).await?;
+    let mut client = RegistrationClient::new(channel);
     let info = client.get_info(InfoRequest {}).await?.into_inner();
-    let version = [DRA_V1, DRA_V1BETA1]
-        .into_iter()
+    let version = kubelet
+        .dra_services()
+        .iter()
+        .copied()
         .find(|v| info.supported_versions.iter().any(|s| s == v));
     let refusal = if info.r#type != PLUGIN_TYPE {
         Some(format!(
@@ -910,15 +1104,22 @@ async fn register(path: &Path, state: &Mutex<State>) -> Result<(), tonic::Status
     let mut s = lock(state);
     *s.registrations.entry(info.name.clone()).or_default() += 1;
     s.channels.remove(&info.name);
+    if let Some(watcher) = s.health_watchers.remove(&info.name) {
+        watcher.abort();
+    }
     if let (None, Some(version)) = (refusal, version) {
         s.drivers.insert(
-            info.name,
+            info.name.clone(),
             Registered {
                 endpoint: PathBuf::from(info.endpoint),
                 version: version.to_owned(),
                 supported_versions: info.supported_versions,
             },
         );
+        if s.health_watch && kubelet.watches_health() {
+            let watcher = tokio::spawn(watch_health(info.name.clone(), state.clone()));
+            s.health_watchers.insert(info.name, watcher);
+        }
     }
     Ok(())
 }
@@ -976,6 +1177,50 @@ mod tests {
         plugin
     }
 
+    /// A registration socket found before it answers (bound, not yet listening: a plugin
+    /// starting on a loaded machine) is registered once it does, as kubelet's reconciler retries
+    /// a plugin it could not register.
+    #[tokio::test]
+    async fn a_socket_found_before_it_listens_is_registered_once_it_does() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+        let api = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("plugins_registry");
+        std::fs::create_dir_all(&registry).unwrap();
+        let path = registry.join("late.example.com-reg.sock");
+        let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&fd, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        let kubelet = KubeletStandIn::start_with(&registry, &api, "node-a", Options::default());
+        // Scans meanwhile (a scan every 50 ms; fewer on a loaded machine) find it refusing.
+        tokio::time::sleep(WATCH_INTERVAL * 4).await;
+        assert_eq!(kubelet.registrations("late.example.com"), 0);
+
+        rustix::net::listen(&fd, 16).unwrap();
+        let listener = std::os::unix::net::UnixListener::from(fd);
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+        let plugin = Plugin {
+            info: PluginInfo {
+                r#type: PLUGIN_TYPE.into(),
+                name: "late.example.com".into(),
+                endpoint: registry.join("nowhere.sock").display().to_string(),
+                supported_versions: vec![DRA_V1.into()],
+            },
+            answers: Arc::default(),
+        };
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(plugin))
+                // As a driver serves it: kubelet's dial sends the socket path as `:authority`.
+                .serve_with_incoming(wdp_kubelet::authority::incoming(listener)),
+        );
+        kubelet
+            .registered("late.example.com", Duration::from_secs(20))
+            .await
+            .expect("registered once it answers");
+        server.abort();
+    }
+
     #[tokio::test]
     async fn a_gone_driver_loses_its_slices_after_the_delay_unless_it_comes_back() {
         let api = ApiServerStandIn::start().await.unwrap();
@@ -991,8 +1236,10 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let registry = dir.path().join("plugins_registry");
+        // Long enough for a loaded machine to bind a socket again within it.
+        let delay = Duration::from_secs(5);
         let options = Options {
-            wiping_delay: Duration::from_millis(2000),
+            wiping_delay: delay,
             ..Options::default()
         };
         let _back = plugin(&registry, PLUGIN_TYPE, "back.example.com", &[DRA_V1]);
@@ -1039,16 +1286,10 @@ mod tests {
         server.abort();
         let _ = server.await;
         let _ = std::fs::remove_file(registry.join("gone.example.com-reg.sock"));
-        // The other driver's socket removed too: bound again within a second, so it is back
-        // before its delay ends and its wipe is dropped.
+        // The other driver's socket removed too: bound again at once, so it is back before its
+        // delay ends and its wipe is dropped.
         std::fs::remove_file(registry.join("back.example.com-reg.sock")).unwrap();
-        let removed = tokio::time::Instant::now();
-        for _ in 0..100 {
-            if kubelet.registrations("back.example.com") >= 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        crate::testing::wait_for(|| kubelet.registrations("back.example.com") >= 2).await;
         assert_eq!(
             kubelet.registrations("back.example.com"),
             2,
@@ -1059,10 +1300,13 @@ mod tests {
             BTreeSet::from(["back.example.com".into(), "gone.example.com".into()]),
             "nothing wiped before the delay"
         );
-        tokio::time::sleep_until(removed + Duration::from_millis(3000)).await;
+        let back = BTreeSet::from(["back.example.com".to_string()]);
+        crate::testing::wait_within(delay * 4, || drivers(&api) == back).await;
+        // The returned driver's wipe would have come just after the gone one's: still kept.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             drivers(&api),
-            BTreeSet::from(["back.example.com".to_string()]),
+            back,
             "the gone driver's slices wiped, the returned one's kept"
         );
     }
@@ -1175,5 +1419,232 @@ mod tests {
         );
         assert_eq!(kubelet.registrations("both.example.com"), 1);
         assert_eq!(answered(&both).len(), 1);
+    }
+
+    /// Every connection's bytes as a server read them, one buffer per connection.
+    type Wires = Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>;
+
+    /// A server's connection that keeps a copy of every byte it reads.
+    struct Tap {
+        inner: tokio::net::UnixStream,
+        wire: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl tokio::io::AsyncRead for Tap {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let before = buf.filled().len();
+            let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+            let read = buf.filled()[before..].to_vec();
+            self.wire.lock().unwrap().extend(read);
+            polled
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Tap {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    impl tonic::transport::server::Connected for Tap {
+        type ConnectInfo = ();
+
+        fn connect_info(&self) -> Self::ConnectInfo {}
+    }
+
+    /// Serves `routes` on `socket` as wdp does (through the authority layer), keeping what each
+    /// connection's client sent.
+    fn serve_tapped(socket: &Path, routes: tonic::service::Routes) -> Wires {
+        use futures::StreamExt;
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        let wires = Wires::default();
+        let kept = wires.clone();
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).map(move |c| {
+            c.map(|inner| {
+                let wire = Arc::default();
+                kept.lock().unwrap().push(Arc::clone(&wire));
+                wdp_kubelet::authority::Rewrite::inbound(Tap { inner, wire })
+            })
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming(incoming),
+        );
+        wires
+    }
+
+    /// The (`:authority`, `:path`) of every request the clients sent, decoded from their bytes.
+    fn requests(wires: &Wires) -> BTreeSet<(String, String)> {
+        let mut out = BTreeSet::new();
+        for wire in wires.lock().unwrap().iter() {
+            let wire = wire.lock().unwrap();
+            let mut rest = wire
+                .strip_prefix(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".as_slice())
+                .expect("HTTP/2's preface");
+            let mut decoder = loona_hpack::Decoder::new();
+            let mut block = Vec::new();
+            while rest.len() >= 9 {
+                let len =
+                    usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+                let (kind, flags) = (rest[3], rest[4]);
+                let Some(payload) = rest.get(9..9 + len) else {
+                    break;
+                };
+                if kind == 0x1 || kind == 0x9 {
+                    // No padding or priority: neither tonic nor grpc-go sends them.
+                    block.extend_from_slice(payload);
+                    if flags & 0x4 != 0 {
+                        let fields = decoder.decode(&block).expect("HPACK");
+                        let field = |n: &[u8]| {
+                            let (_, v) = fields.iter().find(|(name, _)| name == n).unwrap();
+                            String::from_utf8(v.clone()).unwrap()
+                        };
+                        out.insert((field(b":authority"), field(b":path")));
+                        block.clear();
+                    }
+                }
+                rest = &rest[9 + len..];
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn each_release_dials_registers_and_watches_health_as_that_kubelet_does() {
+        use crate::registration::{Endpoints, Registrar, RegistrationStatusHandle};
+        const DRIVER: &str = "gpu.example.com";
+        for version in Version::ALL {
+            let api = ApiServerStandIn::start().await.unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let endpoints = Endpoints {
+                driver: DRIVER.into(),
+                plugins_registry: dir.path().join("plugins_registry"),
+                plugins: dir.path().join("plugins"),
+                health: true,
+            };
+            let pool = crate::seam::Pool {
+                name: "node-a".into(),
+                node_name: "node-a".into(),
+                devices: vec![crate::seam::Device {
+                    id: "gpu-0".into(),
+                    dev_type: "gpu".into(),
+                    healthy: true,
+                    ..Default::default()
+                }],
+            };
+            let (_inventory, watched) =
+                tokio::sync::watch::channel(crate::seam::Inventory { pools: vec![pool] });
+            let checkpoint =
+                crate::checkpoint::Checkpoint::open(dir.path().join("checkpoint.json")).unwrap();
+            let service = crate::plugin::DraService::new(
+                DRIVER,
+                api.client(),
+                watched,
+                checkpoint,
+                Duration::from_secs(60),
+            );
+            let dra = serve_tapped(&endpoints.dra_socket(), service.routes(&endpoints));
+            let registrar = Registrar::new(&endpoints, RegistrationStatusHandle::default());
+            let reg = serve_tapped(
+                &endpoints.registration_socket(),
+                tonic::service::Routes::new(registrar.into_service()),
+            );
+            let options = Options {
+                version,
+                resource_health_status: true,
+                ..Options::default()
+            };
+            let kubelet =
+                KubeletStandIn::start_with(&endpoints.plugins_registry, &api, "node-a", options);
+
+            let registered = kubelet
+                .registered(DRIVER, Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("{version}: registered"));
+            let service = if version >= Version::V1_34 {
+                DRA_V1
+            } else {
+                DRA_V1BETA1
+            };
+            assert_eq!(registered.version, service, "{version}");
+            let gone = ClaimRef {
+                namespace: "default".into(),
+                uid: "no-such-uid".into(),
+                name: "gone".into(),
+            };
+            let answer = kubelet.unprepare(DRIVER, &[gone]).await.unwrap();
+            assert_eq!(answer["no-such-uid"], "", "{version}");
+            // With the feature gate on, 1.34 and later keep the v1alpha1 stream open on their
+            // own.
+            let health = "/v1alpha1.DRAResourceHealth/NodeWatchResources";
+            if version >= Version::V1_34 {
+                let healthy = Some(health_v1alpha1::HealthStatus::Healthy);
+                crate::testing::wait_for(|| {
+                    kubelet.device_health(DRIVER, "node-a", "gpu-0") == healthy
+                })
+                .await;
+                assert_eq!(kubelet.health_error(DRIVER), None, "{version}");
+            } else {
+                let e = kubelet.health(DRIVER).await.expect_err("no health client");
+                assert_eq!(e.code(), tonic::Code::Unimplemented, "{version}");
+            }
+
+            let encoded = |path: &Path| {
+                String::from_utf8(wdp_kubelet::authority::grpc_go_passthrough(path)).unwrap()
+            };
+            let registration = encoded(&endpoints.registration_socket());
+            assert!(registration.starts_with("%2F"), "{registration}");
+            let call = |authority: &str, path: &str| (authority.to_owned(), path.to_owned());
+            assert_eq!(
+                requests(&reg),
+                BTreeSet::from([
+                    call(&registration, "/pluginregistration.Registration/GetInfo"),
+                    call(
+                        &registration,
+                        "/pluginregistration.Registration/NotifyRegistrationStatus"
+                    ),
+                ]),
+                "{version}: the plugin watcher dials the bare path"
+            );
+            let (authority, service, watched) = if version >= Version::V1_34 {
+                ("localhost".to_owned(), "v1", true)
+            } else {
+                (encoded(&endpoints.dra_socket()), "v1beta1", false)
+            };
+            let dra_calls = requests(&dra);
+            assert!(
+                dra_calls.iter().all(|(a, _)| *a == authority),
+                "{version}: {dra_calls:?}"
+            );
+            let paths: Vec<&str> = dra_calls.iter().map(|(_, p)| p.as_str()).collect();
+            let unprepare =
+                format!("/k8s.io.kubelet.pkg.apis.dra.{service}.DRAPlugin/NodeUnprepareResources");
+            assert!(paths.contains(&unprepare.as_str()), "{version}: {paths:?}");
+            assert_eq!(paths.contains(&health), watched, "{version}: {paths:?}");
+        }
     }
 }

@@ -19,7 +19,7 @@
 //!
 //! The API server is reached through two traits, [`apiserver::ClaimSource`] and
 //! [`apiserver::SliceStore`], both implemented by [`apiserver::client::ApiClient`] (in-cluster
-//! configuration); [`apiserver::standin::ApiServerStandIn`] is a test API server that keeps the
+//! configuration, or a kubeconfig's current context); [`apiserver::standin::ApiServerStandIn`] is a test API server that keeps the
 //! real one's rules for these calls, so tests run the real client over real HTTP;
 //! [`kubelet::KubeletStandIn`] is kubelet's side (plugin watcher, registration, Prepare and
 //! Unprepare, a pod's claims handed to its containers as kubelet's DRA manager does, including

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 
 use crate::apiserver::ClaimSource;
 use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
-use crate::proto::health_v1;
+use crate::proto::{health_v1, health_v1alpha1};
 use crate::registration::Endpoints;
 use crate::seam::Inventory;
 
@@ -93,7 +93,7 @@ impl<C: ClaimSource> DraService<C> {
     }
 
     /// The gRPC services for the DRA socket: DRAPlugin v1 and v1beta1, and DRAResourceHealth
-    /// when `endpoints` says it is served: the same value GetInfo advertises, so the two never
+    /// (v1, and v1alpha1, the only one kubelet 1.34 to 1.36 open) when `endpoints` says it is served: the same value GetInfo advertises, so the two never
     /// disagree.
     pub fn routes(&self, endpoints: &Endpoints) -> Routes {
         let mut routes = Routes::new(
@@ -103,9 +103,17 @@ impl<C: ClaimSource> DraService<C> {
             crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(self.clone()),
         );
         if endpoints.health {
-            routes = routes.add_service(
-                health_v1::dra_resource_health_server::DraResourceHealthServer::new(self.clone()),
-            );
+            routes = routes
+                .add_service(
+                    health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                        self.clone(),
+                    ),
+                )
+                .add_service(
+                    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                        self.clone(),
+                    ),
+                );
         }
         routes
     }
@@ -391,19 +399,12 @@ macro_rules! dra_plugin_version {
 dra_plugin_version!(dra_v1);
 dra_plugin_version!(dra_v1beta1);
 
-#[tonic::async_trait]
-impl<C: ClaimSource> health_v1::dra_resource_health_server::DraResourceHealth for DraService<C> {
-    type NodeWatchResourcesStream = Pin<
-        Box<
-            dyn futures::Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>>
-                + Send,
-        >,
-    >;
-
-    async fn node_watch_resources(
+impl<C: ClaimSource> DraService<C> {
+    /// The health stream both API versions serve: the full list now, then at every inventory
+    /// change and every refresh, until kubelet hangs up.
+    fn health_stream(
         &self,
-        _: Request<health_v1::NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+    ) -> ReceiverStream<Result<health_v1::NodeWatchResourcesResponse, Status>> {
         let mut inventory = self.inner.inventory.clone();
         let refresh = self.inner.health_refresh;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -420,8 +421,69 @@ impl<C: ClaimSource> health_v1::dra_resource_health_server::DraResourceHealth fo
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        ReceiverStream::new(rx)
     }
+}
+
+#[tonic::async_trait]
+impl<C: ClaimSource> health_v1::dra_resource_health_server::DraResourceHealth for DraService<C> {
+    type NodeWatchResourcesStream = Pin<
+        Box<
+            dyn futures::Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>>
+                + Send,
+        >,
+    >;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<health_v1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        Ok(Response::new(Box::pin(self.health_stream())))
+    }
+}
+
+/// v1alpha1: v1's messages without `message`.
+#[tonic::async_trait]
+impl<C: ClaimSource> health_v1alpha1::dra_resource_health_server::DraResourceHealth
+    for DraService<C>
+{
+    type NodeWatchResourcesStream = Pin<
+        Box<
+            dyn futures::Stream<Item = Result<health_v1alpha1::NodeWatchResourcesResponse, Status>>
+                + Send,
+        >,
+    >;
+
+    async fn node_watch_resources(
+        &self,
+        _: Request<health_v1alpha1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        use futures::StreamExt;
+        let stream = self
+            .health_stream()
+            .map(|message| message.map(v1alpha1_health));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// A v1 health message as v1alpha1 carries it (the same fields, less `message`).
+fn v1alpha1_health(
+    message: health_v1::NodeWatchResourcesResponse,
+) -> health_v1alpha1::NodeWatchResourcesResponse {
+    let devices = message
+        .devices
+        .into_iter()
+        .map(|d| health_v1alpha1::DeviceHealth {
+            device: d.device.map(|id| health_v1alpha1::DeviceIdentifier {
+                pool_name: id.pool_name,
+                device_name: id.device_name,
+            }),
+            health: d.health,
+            last_updated_time: d.last_updated_time,
+            health_check_timeout_seconds: d.health_check_timeout_seconds,
+        })
+        .collect();
+    health_v1alpha1::NodeWatchResourcesResponse { devices }
 }
 
 #[cfg(test)]
@@ -593,11 +655,14 @@ mod tests {
                 },
             ]
         );
-        // Again, and through v1beta1: the same answer.
+        // Again, and through v1beta1 as kubelet 1.33 calls it (dialling the bare socket path:
+        // the percent-encoded path as `:authority`): the same answer.
         assert_eq!(prepare(&mut client, vec![v1_claim(&pod)]).await, answer);
-        let mut beta = dra_v1beta1::dra_plugin_client::DraPluginClient::new(
-            crate::testing::channel(&running.socket).await,
-        );
+        let authority = wdp_kubelet::authority::grpc_go_passthrough(&running.socket);
+        let channel = wdp_kubelet::transport::connect_with_authority(&running.socket, authority)
+            .await
+            .unwrap();
+        let mut beta = dra_v1beta1::dra_plugin_client::DraPluginClient::new(channel);
         let via_beta = beta
             .node_prepare_resources(dra_v1beta1::NodePrepareResourcesRequest {
                 claims: vec![dra_v1beta1::Claim {
@@ -848,6 +913,30 @@ mod tests {
                 break;
             }
         }
+        // v1alpha1, which kubelet 1.34 to 1.36 open: the same list, without the messages.
+        let mut alpha = health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
+            crate::testing::channel(&running.socket).await,
+        );
+        let m = alpha
+            .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .message()
+            .await
+            .unwrap()
+            .unwrap();
+        let healths: Vec<(String, i32)> = m
+            .devices
+            .iter()
+            .map(|d| (d.device.clone().unwrap().device_name, d.health))
+            .collect();
+        let unhealthy = health_v1alpha1::HealthStatus::Unhealthy as i32;
+        assert_eq!(healths.len(), 4);
+        assert!(
+            healths.contains(&("gpu-1".into(), unhealthy)),
+            "{healths:?}"
+        );
         let _ = running.stop.send(());
         running.task.await.unwrap().unwrap();
     }

@@ -4,7 +4,9 @@
 //! kubelet finds the socket, calls GetInfo, checks the answer (type `DRAPlugin`, a driver name,
 //! an endpoint, a service version it speaks), connects to the endpoint and reports the outcome
 //! with NotifyRegistrationStatus. A refusal is the only news a driver gets that kubelet will not
-//! call it, so it is logged and kept for /readyz. When kubelet restarts it scans the registry
+//! call it, and no GetInfo at all the only sign that kubelet never found the socket (or that its
+//! calls fail before they reach the service): both are kept ([`RegistrationState`]) for whoever
+//! warns, reports readiness and decides what to publish. When kubelet restarts it scans the registry
 //! directory again and registers every socket it finds; [`crate::socket::serve`] keeps the socket
 //! there (binding it anew when it is removed, which starts a new registration).
 
@@ -26,8 +28,12 @@ pub const PLUGIN_TYPE: &str = "DRAPlugin";
 pub const DRA_V1: &str = "v1.DRAPlugin";
 /// The DRAPlugin service, v1beta1.
 pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
-/// The device health service, v1.
+/// The device health service, v1: what kubelets after 1.36 prefer when PluginInfo lists it.
 pub const HEALTH_V1: &str = "v1.DRAResourceHealth";
+/// The device health service, v1alpha1: kubelet 1.34 to 1.36 open it on every driver whatever
+/// PluginInfo lists (their ResourceHealthStatus gate on); later kubelets when it is listed and
+/// v1 is not.
+pub const HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
 
 /// Where a driver's sockets go and what it serves.
 #[derive(Clone, Debug)]
@@ -59,6 +65,7 @@ impl Endpoints {
         let mut v = vec![DRA_V1.to_owned(), DRA_V1BETA1.to_owned()];
         if self.health {
             v.push(HEALTH_V1.to_owned());
+            v.push(HEALTH_V1ALPHA1.to_owned());
         }
         v
     }
@@ -67,9 +74,14 @@ impl Endpoints {
 /// What kubelet last said about the registration.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum RegistrationState {
-    /// No answer since the socket was (re)bound.
+    /// Nothing from kubelet since the socket was (re)bound: not even GetInfo. A kubelet whose
+    /// plugin watcher finds the socket calls it within about a second; one that never does is
+    /// not watching this directory, or its calls fail before they reach the service (an HTTP/2
+    /// error, in the transport's debug log).
     #[default]
     Pending,
+    /// kubelet called GetInfo; its verdict (NotifyRegistrationStatus) has not come yet.
+    Asked,
     /// kubelet registered the driver.
     Registered,
     /// kubelet refused the driver, with its reason.
@@ -139,6 +151,16 @@ fn path_string(p: &Path) -> String {
 #[tonic::async_trait]
 impl Registration for Registrar {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        tracing::debug!(driver = %self.info.name, "kubelet called GetInfo");
+        // Only a first call changes anything: a registered driver asked again (a restarted
+        // kubelet) stays registered until kubelet says otherwise.
+        self.status.0.send_if_modified(|state| {
+            let first = *state == RegistrationState::Pending;
+            if first {
+                *state = RegistrationState::Asked;
+            }
+            first
+        });
         Ok(Response::new(self.info.clone()))
     }
 
@@ -151,7 +173,8 @@ impl Registration for Registrar {
             tracing::info!(driver = %self.info.name, "kubelet registered the DRA driver");
             self.status.set(RegistrationState::Registered);
         } else {
-            tracing::error!(driver = %self.info.name, reason = %status.error, "kubelet refused the DRA driver");
+            // Logged by whoever follows the state, with what the refusal means for them.
+            tracing::debug!(driver = %self.info.name, reason = %status.error, "kubelet refused the DRA driver");
             self.status.set(RegistrationState::Refused(status.error));
         }
         Ok(Response::new(RegistrationStatusResponse {}))
@@ -199,7 +222,14 @@ mod tests {
             },
         ));
 
-        let mut client = RegistrationClient::new(crate::testing::channel(&socket).await);
+        // Dialled as kubelet's plugin watcher dials: the percent-encoded socket path as
+        // `:authority`.
+        crate::testing::wait_for(|| socket.exists()).await;
+        let authority = wdp_kubelet::authority::grpc_go_passthrough(&socket);
+        let channel = wdp_kubelet::transport::connect_with_authority(&socket, authority)
+            .await
+            .unwrap();
+        let mut client = RegistrationClient::new(channel);
         let info = client.get_info(InfoRequest {}).await.unwrap().into_inner();
         assert_eq!(info.r#type, "DRAPlugin");
         assert_eq!(info.name, "gpu.example.com");
@@ -212,10 +242,15 @@ mod tests {
         );
         assert_eq!(
             info.supported_versions,
-            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth"]
+            [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth"
+            ]
         );
 
-        assert_eq!(status.get(), RegistrationState::Pending);
+        assert_eq!(status.get(), RegistrationState::Asked, "GetInfo is heard");
         let mut news = status.subscribe();
         client
             .notify_registration_status(RegistrationStatus {

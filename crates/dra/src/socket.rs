@@ -7,6 +7,10 @@
 //! new socket and registers the driver anew. A different file at the path is left alone: it is
 //! another instance's socket (a rolling update), and two instances taking the path from each other
 //! in turn would leave kubelet registering and deregistering forever.
+//!
+//! kubelet's plugin watcher dials the registration socket with the percent-encoded socket path as
+//! HTTP/2 `:authority` (and kubelet 1.33 and older dial `dra.sock` so too), which the HTTP/2
+//! server under tonic refuses: every connection goes through [`wdp_kubelet::authority`].
 
 use std::future::Future;
 use std::os::unix::fs::MetadataExt;
@@ -14,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
 
 /// How long calls in flight may run once the socket is stopped or bound again.
@@ -78,7 +81,7 @@ pub async fn serve(
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_routes(routes.clone())
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                .serve_with_incoming_shutdown(wdp_kubelet::authority::incoming(listener), async {
                     let _ = stopped.await;
                 }),
         );

@@ -1,6 +1,8 @@
 //! `wdp-kubelet`: talking to kubelet as a device plugin does. The Device Plugin API v1beta1
-//! (`proto/`, [`api`]), Unix-socket transport ([`transport`]), the device-plugin directory watch
-//! ([`dir`]), registration ([`register`]), the names kubelet and Linux accept ([`names`]), one
+//! (`proto/`, [`api`]), Unix-socket transport ([`transport`], with the `:authority` kubelet
+//! sends, [`authority`]), the device-plugin directory watch ([`dir`]), registration
+//! ([`register`]), the names kubelet and Linux accept ([`names`]), what kubelet leaves in the
+//! Node's status and how the scheduler reads it ([`nodestatus`]), one
 //! device-plugin server per resource ([`server`]), and a kubelet stand-in for demos and tests
 //! ([`standin`], with kubelet's checkpoint file, [`checkpoint`]).
 //!
@@ -11,9 +13,11 @@
 
 #![warn(missing_docs)]
 
+pub mod authority;
 pub mod checkpoint;
 pub mod dir;
 pub mod names;
+pub mod nodestatus;
 pub mod register;
 pub mod server;
 pub mod standin;

@@ -8,13 +8,19 @@
 //!   that kubelet restarted, then listens on `kubelet.sock`;
 //! - inside `Register`: checks the version and the resource name (kubelet's
 //!   `IsExtendedResourceName`, [`crate::names`]), dials the plugin's endpoint (10 s, as
-//!   kubelet's `dial`), calls `GetDevicePluginOptions`, and only then answers;
+//!   kubelet's `dial`, whose `WithAuthority("localhost")` every release from 1.32 to 1.35 keeps:
+//!   [`transport::connect`] sends the same), calls `GetDevicePluginOptions`, and only then
+//!   answers;
 //! - then consumes `ListAndWatch`, one stream per registration, reporting every list. When a
 //!   stream ends while the stand-in runs, the resource's devices become unhealthy and its
 //!   endpoint is stopped (`PluginDisconnected`): calls on it fail until the plugin registers
 //!   again;
-//! - stopping closes every plugin connection and removes `kubelet.sock`; a crash
-//!   ([`StandIn::crash`]) leaves the socket file behind, as a killed kubelet does.
+//! - stopping it ([`StandIn::stop`], or [`StandIn::crash`]: the same on the wire) ends it as a
+//!   real kubelet ends, SIGTERM or SIGKILL alike: its listener closes, then every plugin
+//!   connection, and `kubelet.sock` stays behind, refusing connections, until the next kubelet's
+//!   cleanup. kubelet never calls its device manager's `Stop` when it exits (which would close
+//!   its gRPC server and, Go's `net.Listen` listener unlinking its file on close, remove the
+//!   socket); plugin sockets are the plugins' own and stay too.
 //!
 //! - it keeps a checkpoint of allocations in the plugin directory ([`super::checkpoint`]): a
 //!   container it admitted is started and restarted from the cached Allocate answer without
@@ -125,6 +131,8 @@ struct Plugin {
     cut: CancellationToken,
     /// Set when its stream ended: kubelet's endpoint `stopTime`.
     stopped: bool,
+    /// When it was stopped, for the grace period after which kubelet forgets it.
+    stopped_at: Option<std::time::Instant>,
     /// The devices of the stream's last list, by id: their health as kubelet keeps it.
     health: HashMap<String, String>,
 }
@@ -142,12 +150,18 @@ pub struct StandIn {
     /// Allocations, kept in the plugin directory across restarts as kubelet keeps them.
     checkpoint: Mutex<Checkpoint>,
     allocate_calls: AtomicU64,
+    /// What every Register call is refused with, when set ([`StandIn::refuse`]).
+    refusal: Arc<Mutex<Option<String>>>,
+    /// Ends the plugin connections (ListAndWatch streams, clients).
     cancel: CancellationToken,
+    /// Closes the listener on `kubelet.sock`.
+    serving: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
 
 impl Drop for StandIn {
     fn drop(&mut self) {
+        self.serving.cancel();
         self.cancel.cancel();
     }
 }
@@ -163,14 +177,17 @@ impl StandIn {
         let (tx, rx) = mpsc::unbounded_channel();
         let plugins = Arc::new(Mutex::new(HashMap::new()));
         let cancel = CancellationToken::new();
+        let refusal = Arc::new(Mutex::new(None));
         let service = RegistrationService {
+            refusal: refusal.clone(),
             plugin_dir: plugin_dir.to_path_buf(),
             plugins: plugins.clone(),
             observed: tx,
             cancel: cancel.clone(),
             streams: AtomicU64::new(0),
         };
-        let shutdown = cancel.clone().cancelled_owned();
+        let serving = CancellationToken::new();
+        let shutdown = serving.clone().cancelled_owned();
         let task = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(service))
@@ -191,7 +208,9 @@ impl StandIn {
                 plugins,
                 checkpoint: Mutex::new(checkpoint),
                 allocate_calls: AtomicU64::new(0),
+                refusal,
                 cancel,
+                serving,
                 task: Some(task),
             },
             rx,
@@ -208,6 +227,13 @@ impl StandIn {
         let mut r: Vec<_> = self.plugins().keys().cloned().collect();
         r.sort();
         r
+    }
+
+    /// Makes every Register call fail with `reason` (kubelet's error text) until called with
+    /// `None`, as kubelet refuses a plugin it cannot take (a version it does not speak, an
+    /// invalid name, a plugin it cannot dial back).
+    pub fn refuse(&self, reason: Option<String>) {
+        *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = reason;
     }
 
     /// The options a resource registered with.
@@ -230,6 +256,31 @@ impl StandIn {
     /// "Unhealthy" for every device once the endpoint stopped.
     pub fn health(&self, resource: &str, id: &str) -> Option<String> {
         self.plugins().get(resource)?.health.get(id).cloned()
+    }
+
+    /// What kubelet's device manager reports for the Node's status (`GetCapacity` in
+    /// `pkg/kubelet/cm/devicemanager/manager.go`): per registered resource, capacity (every
+    /// device) and allocatable (the healthy ones; none once its endpoint stopped); a resource
+    /// whose endpoint stopped `grace` or longer ago ([`crate::nodestatus::ENDPOINT_STOP_GRACE`]
+    /// in kubelet) is forgotten and reported removed, once.
+    pub fn capacity(&self, grace: std::time::Duration) -> crate::nodestatus::DeviceCapacity {
+        let mut out = crate::nodestatus::DeviceCapacity::default();
+        self.plugins().retain(|name, p| {
+            if p.stopped_at.is_some_and(|at| at.elapsed() >= grace) {
+                out.removed.push(name.clone());
+                return false;
+            }
+            let healthy = p.health.values().filter(|h| *h == "Healthy").count();
+            out.capacity.insert(
+                name.clone(),
+                i64::try_from(p.health.len()).unwrap_or(i64::MAX),
+            );
+            out.allocatable
+                .insert(name.clone(), i64::try_from(healthy).unwrap_or(i64::MAX));
+            true
+        });
+        out.removed.sort();
+        out
     }
 
     /// Ends `resource`'s ListAndWatch stream from kubelet's side, as a failed connection does;
@@ -403,22 +454,24 @@ impl StandIn {
         self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stops serving (like kubelet going down): plugin connections are closed, the socket is
-    /// removed.
-    pub async fn stop(self) {
-        let socket = self.socket.clone();
-        self.crash().await;
-        let _ = std::fs::remove_file(&socket);
-    }
-
-    /// Ends like a killed kubelet: connections drop, and `kubelet.sock` stays behind, stale,
-    /// until the next kubelet's cleanup.
-    pub async fn crash(mut self) {
-        self.cancel.cancel();
+    /// Ends like kubelet going down (SIGTERM): its listener closes, then the plugin
+    /// connections; `kubelet.sock` stays behind, refusing connections, until the next kubelet's
+    /// cleanup, as a real kubelet leaves it.
+    pub async fn stop(mut self) {
+        // The listener first: a plugin that sees its stream end finds kubelet gone, as it does
+        // when kubelet's process ends.
+        self.serving.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
+        self.cancel.cancel();
         self.plugins().clear();
+    }
+
+    /// Ends like a killed kubelet (SIGKILL): on the wire the same as [`StandIn::stop`], since
+    /// kubelet does nothing more on SIGTERM.
+    pub async fn crash(self) {
+        self.stop().await;
     }
 
     fn plugins(&self) -> std::sync::MutexGuard<'_, HashMap<String, Plugin>> {
@@ -442,6 +495,7 @@ pub fn cleanup_plugin_dir(dir: &Path) -> io::Result<()> {
 }
 
 struct RegistrationService {
+    refusal: Arc<Mutex<Option<String>>>,
     plugin_dir: PathBuf,
     plugins: Arc<Mutex<HashMap<String, Plugin>>>,
     observed: mpsc::UnboundedSender<Observed>,
@@ -454,6 +508,15 @@ struct RegistrationService {
 impl Registration for RegistrationService {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
+        let refusal = self
+            .refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(reason) = refusal {
+            // kubelet's errors are plain Go errors: gRPC's Unknown, with the text.
+            return Err(Status::unknown(reason));
+        }
         if req.version != API_VERSION {
             return Err(Status::invalid_argument(format!(
                 "requested API version {:?} is not supported by kubelet. Supported version is [\"{API_VERSION}\"]",
@@ -491,6 +554,7 @@ impl Registration for RegistrationService {
                     stream,
                     cut: cut.clone(),
                     stopped: false,
+                    stopped_at: None,
                     health: HashMap::new(),
                 },
             );
@@ -565,6 +629,7 @@ async fn watch(
     }
     plugin(&mut |p| {
         p.stopped = true;
+        p.stopped_at = Some(std::time::Instant::now());
         p.health.values_mut().for_each(|h| *h = "Unhealthy".into());
     });
     let _ = observed.send(Observed::StreamEnded {

@@ -7,8 +7,8 @@
 //! absolute guest paths under `/dev`.
 
 use crate::bindings::scanner::wdp::device_plugin::devfs as raw;
-use crate::hostfs::{HostFs, ReadError};
 use crate::pathglob::{self, DirSource};
+use crate::reads::{HostFs, ReadError};
 
 pub use crate::pathglob::Match;
 pub use raw::{Node, NodeKind};

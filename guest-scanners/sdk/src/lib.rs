@@ -69,6 +69,7 @@ pub mod json;
 pub mod notes;
 pub mod pathglob;
 pub mod pci;
+mod reads;
 pub mod scan;
 pub mod sysfs;
 pub mod tree;

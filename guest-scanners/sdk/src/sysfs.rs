@@ -6,9 +6,9 @@
 //! `/sys/class/<c>`) into one call each and turn "missing" into `None`/empty instead of errors,
 //! since devices come and go between scans.
 
-use crate::devfs::{Node, NodeKind};
-use crate::hostfs::{HostFs, ReadError};
+use crate::bindings::scanner::wdp::device_plugin::devfs::{Node, NodeKind};
 use crate::pathglob::{self, DirSource, Match};
+use crate::reads::{HostFs, ReadError};
 use std::fs;
 use std::path::Path;
 

@@ -50,6 +50,9 @@ enum Command {
     Sign(oci::SignArgs),
 }
 
+/// How long the runtime's blocking threads are waited for when the process ends.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Entry point of the `wdp` binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -79,6 +82,10 @@ pub fn main() -> ExitCode {
             Command::Sign(args) => oci::sign(args).await,
         }
     });
+    // Threads of the blocking pool may still be in a read that never returns (a guest's read of
+    // a tracefs pipe through its preopen, abandoned): dropping the runtime would wait for them
+    // for ever. Nothing else is left to finish once `block_on` has returned.
+    runtime.shutdown_timeout(SHUTDOWN_WAIT);
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -89,15 +96,17 @@ pub fn main() -> ExitCode {
 }
 
 /// Logs go to stderr (stdout is for trees); `RUST_LOG` overrides the default `info` level.
-/// Text is coloured only on a terminal: in a pod stderr is a pipe to the runtime's log file, and
-/// escape codes there would reach `kubectl logs` and every log collector as part of the text.
+/// Colours only on a terminal and without `NO_COLOR` (no-color.org: set and not empty): a log read
+/// from a file, a pipe or `kubectl logs` carries no escape sequences.
 fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

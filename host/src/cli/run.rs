@@ -97,13 +97,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
-    let sandbox = Sandbox::with_compile_cache(
-        Roots {
-            sys: args.sys_root,
-            dev: args.dev_root,
-        },
-        Some(CompileCache::new(args.compile_cache)),
-    )?;
+    let roots = Roots {
+        sys: args.sys_root,
+        dev: args.dev_root,
+    };
+    obs.writable_mounts(&crate::mounts::check(&roots));
+    let sandbox = Sandbox::with_compile_cache(roots, Some(CompileCache::new(args.compile_cache)))?;
     let kubelet_socket = args
         .kubelet_socket
         .unwrap_or_else(|| args.plugin_dir.join(KUBELET_SOCKET_NAME));

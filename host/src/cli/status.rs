@@ -160,6 +160,12 @@ fn render(report: &StatusReport, now: u64) -> String {
     } else {
         out.push_str(&table(&resources));
     }
+    if !report.writable_mounts.is_empty() {
+        out.push_str(&format!(
+            "\nwritable under the sys and dev roots: {}\n",
+            report.writable_mounts.join(", ")
+        ));
+    }
     out
 }
 
@@ -234,6 +240,7 @@ mod tests {
                     error: None,
                 }],
             }],
+            writable_mounts: vec!["/host/sys/fs/cgroup (cgroup2)".into()],
         };
         let text = render(&report, 1000);
         assert!(
@@ -245,6 +252,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("kvm: last error: trapped\n"), "{text}");
+        assert!(
+            text.ends_with(
+                "\nwritable under the sys and dev roots: /host/sys/fs/cgroup (cgroup2)\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("ns/kvm    kvm      no          2        1\n"),
             "{text}"

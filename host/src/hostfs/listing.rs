@@ -13,7 +13,9 @@
 //! queued in the kernel when a scan lists (a scan on its timer, racing a hot-plug) is noted
 //! afterwards and then wakes the guest, whose next scan sees it: what a fresh listing racing the
 //! same change would give. Whatever the watcher cannot vouch for is listed afresh:
-//! - nothing is kept until a watcher is connected, and nothing once it is gone (its task ended);
+//! - nothing is kept until a watcher is connected, and nothing from the moment it is dropped or
+//!   its task ends (the drop disconnects it before it returns: a listing taken after the drop is
+//!   fresh, whenever the task's end comes);
 //! - the queue overflowed (events were lost): every listing is dropped;
 //! - a directory removed or unmounted (its watch is gone): its listing is dropped;
 //! - a directory on another filesystem than the dev root's (a mount such as `/dev/pts`, whose
@@ -62,10 +64,32 @@ pub struct Listings {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The watcher's inotify instance and the mask it watches directories with; `None` while no
-    /// watcher is connected (nothing is kept then).
-    watcher: Option<(Watches, WatchMask)>,
+    /// The connected watcher; `None` while none is (nothing is kept then).
+    watcher: Option<Watcher>,
+    /// Connections made so far: each has its own number, so that a watcher disconnected (whose
+    /// task may still be noting) or a listing begun under it can never touch what another
+    /// watcher's instance, with its own watch descriptors, keeps.
+    connections: u64,
     by_watch: HashMap<WatchDescriptor, Listing>,
+}
+
+#[derive(Debug)]
+struct Watcher {
+    /// Its inotify instance.
+    watches: Watches,
+    /// The mask it watches directories with.
+    mask: WatchMask,
+    /// Its connection's number.
+    connection: u64,
+}
+
+impl State {
+    /// True while `connection` is the connected watcher's.
+    fn connected(&self, connection: u64) -> bool {
+        self.watcher
+            .as_ref()
+            .is_some_and(|w| w.connection == connection)
+    }
 }
 
 #[derive(Debug)]
@@ -77,24 +101,43 @@ struct Listing {
     changed: HashSet<OsString>,
 }
 
-/// Disconnects the watcher from [`Listings`] when dropped: the watcher's task owns it, so its
-/// end (aborted, or its inotify queue unreadable) stops the keeping.
+/// A watcher's connection to [`Listings`]: its events go through [`Connected::note`], and
+/// [`Connected::disconnect`] (or the drop) ends the keeping.
+///
+/// Why an explicit disconnect: the watcher's owner and its task both hold it (in an `Arc`), and
+/// whichever stops first must stop the keeping at once. An aborted task ends later, on a runtime
+/// thread: until then nothing would note changes, yet kept listings would still be served.
 #[derive(Debug)]
-pub struct Connected(Arc<Listings>);
+pub struct Connected {
+    listings: Arc<Listings>,
+    connection: u64,
+}
 
 impl Drop for Connected {
     fn drop(&mut self) {
-        let mut state = self.0.lock();
-        state.watcher = None;
-        state.by_watch.clear();
+        self.disconnect();
     }
 }
 
 impl Connected {
+    /// Stops the keeping: every listing from now on is taken afresh, and notes of this
+    /// connection are ignored. Does nothing when already disconnected (or another watcher has
+    /// connected since).
+    pub fn disconnect(&self) {
+        let mut state = self.listings.lock();
+        if state.connected(self.connection) {
+            state.watcher = None;
+            state.by_watch.clear();
+        }
+    }
+
     /// Notes one event of the watcher's instance. Called for every event, before the guests are
     /// told of it.
     pub fn note(&self, wd: &WatchDescriptor, mask: EventMask, name: Option<&OsStr>) {
-        let mut state = self.0.lock();
+        let mut state = self.listings.lock();
+        if !state.connected(self.connection) {
+            return;
+        }
         if mask.contains(EventMask::Q_OVERFLOW) {
             state.by_watch.clear();
         } else if mask.contains(EventMask::IGNORED) {
@@ -126,10 +169,19 @@ impl Listings {
         debug_assert!(mask.contains(EVENTS), "a watcher that misses changes");
         let mask = mask.difference(WatchMask::DONT_FOLLOW | WatchMask::ONLYDIR);
         let mut state = self.lock();
-        state.watcher = Some((watches, mask));
+        state.connections += 1;
+        let connection = state.connections;
+        state.watcher = Some(Watcher {
+            watches,
+            mask,
+            connection,
+        });
         state.by_watch.clear();
         drop(state);
-        Connected(self.clone())
+        Connected {
+            listings: self.clone(),
+            connection,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -144,10 +196,11 @@ impl Listings {
         dir: &Dir,
         fresh: impl FnOnce() -> Result<Vec<Node>, E>,
     ) -> Result<Vec<Node>, E> {
-        let Some(wd) = self.watch(dir) else {
+        let mut state = self.lock();
+        let Some((connection, wd)) = watch(&mut state, dir, self.root_dev) else {
+            drop(state);
             return fresh();
         };
-        let mut state = self.lock();
         let full = state.by_watch.len() >= MAX_LISTINGS;
         match state.by_watch.get_mut(&wd) {
             Some(Listing {
@@ -188,8 +241,11 @@ impl Listings {
             state.by_watch.remove(&wd);
             return listed;
         };
-        // Gone meanwhile (the queue overflowed, the directory went): this answer stands, as a
-        // fresh listing's would, but it is not kept.
+        // Gone meanwhile (the queue overflowed, the directory went, the watcher was
+        // disconnected): this answer stands, as a fresh listing's would, but it is not kept.
+        if !state.connected(connection) {
+            return listed;
+        }
         if let Some(listing) = state.by_watch.get_mut(&wd) {
             let mut kept = nodes
                 .iter()
@@ -210,22 +266,22 @@ impl Listings {
         }
         listed
     }
+}
 
-    /// The watch of `dir`'s inode in the watcher's instance (placed if need be), when `dir`'s
-    /// listing may be kept.
-    fn watch(&self, dir: &Dir) -> Option<WatchDescriptor> {
-        let mut state = self.lock();
-        // No watcher (a host without one, or the tools that read a dev root once): not even
-        // the `fstat`.
-        let (watches, mask) = state.watcher.as_mut()?;
-        if dir.dir_metadata().ok()?.dev() != self.root_dev {
-            return None;
-        }
-        // The same inode watched twice in one instance is one watch: this returns the watch the
-        // watcher already has when it watches this directory.
-        let link = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
-        watches.add(link, *mask).ok()
+/// The connected watcher's number and the watch of `dir`'s inode in its instance (placed if need
+/// be), when `dir`'s listing may be kept: on filesystem `root_dev`, while a watcher is connected.
+fn watch(state: &mut State, dir: &Dir, root_dev: u64) -> Option<(u64, WatchDescriptor)> {
+    // No watcher (a host without one, or the tools that read a dev root once): not even the
+    // `fstat`.
+    let watcher = state.watcher.as_mut()?;
+    if dir.dir_metadata().ok()?.dev() != root_dev {
+        return None;
     }
+    // The same inode watched twice in one instance is one watch: this returns the watch the
+    // watcher already has when it watches this directory.
+    let link = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
+    let wd = watcher.watches.add(link, watcher.mask).ok()?;
+    Some((watcher.connection, wd))
 }
 
 /// Applies the entries named in `changed` to `nodes`, each looked up again (gone, or no longer

@@ -8,6 +8,7 @@
 //! - stdout/stderr as rate-limited log lines ([`output`]);
 //! - a memory cap, a CPU budget enforced with epoch interruption, and a deadline on hook calls.
 
+pub mod blocking;
 pub mod compile_cache;
 mod engine;
 mod limits;
@@ -69,6 +70,9 @@ pub struct Guest {
     pub limits: GuestLimits,
     /// Its counters.
     pub metrics: Arc<ScannerMetrics>,
+    /// Its filesystem host calls still running, abandoned ones included: shared by all its
+    /// instances, so restarting cannot shed the threads its blocked reads hold.
+    pub host_calls: Arc<blocking::HostCalls>,
 }
 
 impl Guest {
@@ -79,6 +83,7 @@ impl Guest {
             env,
             limits: GuestLimits::default(),
             metrics: Arc::default(),
+            host_calls: Arc::default(),
         }
     }
 }
@@ -416,6 +421,10 @@ impl Sandbox {
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut ctx| ctx.data_mut().cpu.on_tick());
+        store.call_hook(|mut ctx, hook| {
+            ctx.data_mut().cpu.on_call(hook);
+            Ok(())
+        });
         Ok(store)
     }
 }

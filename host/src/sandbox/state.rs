@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use wasmtime::component::ResourceTable;
-use wasmtime::{Trap, UpdateDeadline};
+use wasmtime::{CallHook, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::blocking::CallError;
 use super::engine::TICK;
 use super::sink::TreeSink;
 use crate::bindings::{devfs, notifier, types, wit_hostfs};
-use crate::hostfs::batch::{self, SysView};
+use crate::hostfs::batch::{self, BatchError, Budget, SysView};
 use crate::hostfs::{DevFs, Node, NodeKind};
 
 /// Why the host stopped a guest (as opposed to the guest trapping on its own).
@@ -61,8 +62,39 @@ pub fn describe(error: &wasmtime::Error) -> String {
             "trapped: out-of-bounds memory access (a stack overflow in the guest?)".into()
         }
         Some(trap) => format!("trapped: {trap}"),
-        None => first_line(&format!("{error:?}")),
+        None => match not_utf8(error) {
+            Some(cause) => cause,
+            // The outermost context of an error from inside a call is only "error while
+            // executing at wasm backtrace:": the cause is the innermost one.
+            None => match error.downcast_ref::<wasmtime::WasmBacktrace>() {
+                Some(_) => first_line(&error.root_cause().to_string()),
+                None => first_line(&format!("{error:?}")),
+            },
+        },
     }
+}
+
+/// The cause of a host call the host could not even start: the guest passed a string (a path,
+/// a name) that is not UTF-8, which the canonical ABI refuses while lifting the arguments, before
+/// any host code runs, so the guest cannot be answered with an error value. Names the guest
+/// function that made the call, where its name section says.
+fn not_utf8(error: &wasmtime::Error) -> Option<String> {
+    let utf8 = error.chain().find_map(|e| {
+        e.downcast_ref::<std::str::Utf8Error>()
+            .map(ToString::to_string)
+            .or_else(|| {
+                let text = e.to_string();
+                text.to_ascii_lowercase().contains("utf-8").then_some(text)
+            })
+    })?;
+    let caller = error
+        .downcast_ref::<wasmtime::WasmBacktrace>()
+        .and_then(|trace| trace.frames().first()?.func_name().map(str::to_owned))
+        .map(|name| format!(" (called from the guest's {})", first_line(&name)))
+        .unwrap_or_default();
+    Some(format!(
+        "passed a string that is not valid UTF-8 to a host call{caller}: {utf8}"
+    ))
 }
 
 fn first_line(text: &str) -> String {
@@ -108,48 +140,87 @@ impl WasiView for GuestState {
     }
 }
 
-/// CPU accounting from epoch ticks.
+/// CPU accounting: how long a guest has executed wasm since it last called one of our imports.
 ///
-/// A guest is expected to call the host (notify, devfs, wait-for-change) between bursts of work.
-/// Each epoch tick spent in wasm counts; a call into one of our imports resets the count. A gap of
-/// several ticks between two callbacks means the guest was blocked in some WASI call (a sleep, a
-/// read) rather than computing, so it resets the count too. A guest that computes for longer than
-/// `limit` without either is stopped.
+/// A guest is expected to call the host (notify, devfs, hostfs, wait-for-change) between bursts
+/// of work; a call into one of our imports resets the count ([`CpuBudget::check_in`]). Time is
+/// counted only while wasm runs: every host call, WASI's included, is bracketed by wasmtime's
+/// call hooks ([`CpuBudget::on_call`]), so a guest blocked in a slow read through its /sys
+/// preopen is waiting, not computing. Wall-clock intervals between hooks and epoch ticks are
+/// counted, each at most one tick: after a tick the guest yields to tokio, and how long it then
+/// waits for a worker is not its computation. (Thread CPU time would not do: a guest moves
+/// between worker threads at every yield, and a thread's clock counts every task it ran.)
+/// A host call that blocked for several ticks (a sleep, a read that waited for the device)
+/// resets the count too, as a call into our imports does. A guest that computes for longer
+/// than `limit` without either is stopped.
 #[derive(Debug)]
 pub struct CpuBudget {
     limit: Duration,
-    max_ticks: u32,
-    ticks: u32,
-    last: Instant,
+    /// Wasm time counted since the last check-in.
+    computed: Duration,
+    /// Start of the interval being counted: the guest was last seen entering or running wasm.
+    since: Instant,
+    /// When the host call the guest is in began.
+    in_host: Option<Instant>,
 }
+
+/// A host call longer than this means the guest was blocked, not computing.
+const BLOCKED: Duration = Duration::from_millis(TICK.as_millis() as u64 * 5);
 
 impl CpuBudget {
     /// A budget of `limit` of continuous computation.
     pub fn new(limit: Duration) -> Self {
-        let max_ticks = (limit.as_millis() / TICK.as_millis()).clamp(1, u32::MAX as u128) as u32;
         CpuBudget {
             limit,
-            max_ticks,
-            ticks: 0,
-            last: Instant::now(),
+            computed: Duration::ZERO,
+            since: Instant::now(),
+            in_host: None,
         }
     }
 
-    /// The guest called the host: its computing slice ends here.
+    /// The guest called one of our imports: its computing slice ends here.
     pub fn check_in(&mut self) {
-        self.ticks = 0;
-        self.last = Instant::now();
+        self.computed = Duration::ZERO;
+        self.since = Instant::now();
+    }
+
+    /// Called from the store's call hook, on every crossing between wasm and the host.
+    pub fn on_call(&mut self, hook: CallHook) {
+        self.on_call_at(hook, Instant::now());
+    }
+
+    fn on_call_at(&mut self, hook: CallHook, now: Instant) {
+        match hook {
+            CallHook::CallingHost | CallHook::ReturningFromWasm => {
+                self.count_until(now);
+                if matches!(hook, CallHook::CallingHost) {
+                    self.in_host = Some(now);
+                }
+            }
+            CallHook::ReturningFromHost | CallHook::CallingWasm => {
+                if let Some(entered) = self.in_host.take()
+                    && now.duration_since(entered) > BLOCKED
+                {
+                    self.computed = Duration::ZERO;
+                }
+                self.since = now;
+            }
+        }
+    }
+
+    fn count_until(&mut self, now: Instant) {
+        self.computed += now.duration_since(self.since).min(TICK);
+        self.since = now;
     }
 
     /// Called from the epoch deadline callback.
     pub fn on_tick(&mut self) -> wasmtime::Result<UpdateDeadline> {
-        let now = Instant::now();
-        if now.duration_since(self.last) > TICK * 5 {
-            self.ticks = 0;
-        }
-        self.last = now;
-        self.ticks += 1;
-        if self.ticks > self.max_ticks {
+        self.on_tick_at(Instant::now())
+    }
+
+    fn on_tick_at(&mut self, now: Instant) -> wasmtime::Result<UpdateDeadline> {
+        self.count_until(now);
+        if self.computed > self.limit {
             return Err(Stopped::CpuBudget(self.limit).into());
         }
         // Yield so a busy guest never holds a tokio worker for more than a tick.
@@ -184,34 +255,78 @@ impl notifier::Host for GuestState {
     }
 }
 
+impl GuestState {
+    /// Runs a filesystem host call off the async workers, within the scanner's call-timeout
+    /// and a share of its memory limit ([`super::blocking`], [`Budget`]). The guest counts as
+    /// waiting, not computing, meanwhile.
+    async fn blocking<R: Send + 'static>(
+        &mut self,
+        call: &'static str,
+        work: impl FnOnce(Budget) -> Result<R, String> + Send + 'static,
+    ) -> Result<R, String> {
+        let _waiting = self.clock.waiting();
+        self.cpu.check_in();
+        let memory = self.guest.limits.memory;
+        let answer = self
+            .guest
+            .host_calls
+            .run(call, self.guest.limits.call_timeout, move |until| {
+                work(Budget::for_guest(memory, until))
+            })
+            .await;
+        self.cpu.check_in();
+        match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                if let CallError::Deadline { .. } = e {
+                    tracing::warn!(scanner = &*self.guest.name, "{e}");
+                }
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
 impl devfs::Host for GuestState {
     async fn read_dir(
         &mut self,
         path: String,
     ) -> wasmtime::Result<Result<Vec<devfs::Node>, String>> {
-        let _waiting = self.clock.waiting();
-        self.cpu.check_in();
+        let devfs = self.devfs.clone();
         Ok(self
-            .devfs
-            .read_dir(&path)
-            .map(|nodes| nodes.into_iter().map(to_wit).collect())
-            .map_err(|e| e.to_string()))
+            .blocking("devfs.read-dir", move |budget| {
+                let nodes = devfs.read_dir(&path).map_err(|e| e.to_string())?;
+                let cost: usize = nodes
+                    .iter()
+                    .map(|n| std::mem::size_of::<Node>() + n.name.len())
+                    .sum();
+                if cost > budget.bytes {
+                    return Err(BatchError::TooLarge {
+                        budget: budget.bytes,
+                    }
+                    .to_string());
+                }
+                Ok(nodes.into_iter().map(to_wit).collect())
+            })
+            .await)
     }
 
     async fn stat(&mut self, path: String) -> wasmtime::Result<Result<devfs::Node, String>> {
-        let _waiting = self.clock.waiting();
-        self.cpu.check_in();
+        let devfs = self.devfs.clone();
         Ok(self
-            .devfs
-            .stat(&path)
-            .map(to_wit)
-            .map_err(|e| e.to_string()))
+            .blocking("devfs.stat", move |_| {
+                devfs.stat(&path).map(to_wit).map_err(|e| e.to_string())
+            })
+            .await)
     }
 
     async fn read_link(&mut self, path: String) -> wasmtime::Result<Result<String, String>> {
-        let _waiting = self.clock.waiting();
-        self.cpu.check_in();
-        Ok(self.devfs.read_link(&path).map_err(|e| e.to_string()))
+        let devfs = self.devfs.clone();
+        Ok(self
+            .blocking("devfs.read-link", move |_| {
+                devfs.read_link(&path).map_err(|e| e.to_string())
+            })
+            .await)
     }
 
     async fn wait_for_change(&mut self, timeout_ms: u32) -> wasmtime::Result<bool> {
@@ -239,11 +354,12 @@ impl wit_hostfs::Host for GuestState {
         &mut self,
         path: String,
     ) -> wasmtime::Result<Result<Vec<wit_hostfs::Entry>, String>> {
-        let _waiting = self.clock.waiting();
-        self.cpu.check_in();
-        Ok(batch::list_dir(&self.devfs, &self.sys, &path)
-            .map(|entries| {
-                entries
+        let (devfs, sys) = (self.devfs.clone(), self.sys.clone());
+        Ok(self
+            .blocking("hostfs.list-dir", move |budget| {
+                let entries =
+                    batch::list_dir(&devfs, &sys, &path, &budget).map_err(|e| e.to_string())?;
+                Ok(entries
                     .into_iter()
                     .map(|e| {
                         let node = to_wit(e.node);
@@ -256,27 +372,25 @@ impl wit_hostfs::Host for GuestState {
                             link_target: e.link_target,
                         }
                     })
-                    .collect()
+                    .collect())
             })
-            .map_err(|e| e.to_string()))
+            .await)
     }
 
     async fn read_files(
         &mut self,
         paths: Vec<String>,
     ) -> wasmtime::Result<Result<Vec<Result<String, wit_hostfs::ReadError>>, String>> {
-        let _waiting = self.clock.waiting();
-        self.cpu.check_in();
+        let sys = self.sys.clone();
         Ok(self
-            .sys
-            .read_files(&paths)
-            .map(|results| {
-                results
+            .blocking("hostfs.read-files", move |budget| {
+                let results = sys.read_files(&paths, &budget).map_err(|e| e.to_string())?;
+                Ok(results
                     .into_iter()
                     .map(|r| r.map_err(read_error_to_wit))
-                    .collect()
+                    .collect())
             })
-            .map_err(|e| e.to_string()))
+            .await)
     }
 }
 
@@ -304,5 +418,67 @@ fn to_wit(node: Node) -> devfs::Node {
         major: node.major,
         minor: node.minor,
         mode: node.mode,
+    }
+}
+
+#[cfg(test)]
+mod cpu_tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn computing_is_stopped_and_waiting_in_the_host_is_not_counted() {
+        // Spinning: a tick every 10 ms of wasm, nothing else.
+        let start = Instant::now();
+        let mut spin = CpuBudget::new(MS * 100);
+        spin.since = start;
+        let stopped = (1..=20).find(|i| spin.on_tick_at(start + TICK * *i).is_err());
+        assert_eq!(stopped, Some(11), "stopped once past 100 ms of computing");
+
+        // A slow reader: 1 ms of wasm, then 14 ms blocked in a WASI read, 500 times: 7 s of
+        // wall clock, 0.5 s of wasm; each resumption sees a tick.
+        let mut reader = CpuBudget::new(MS * 600);
+        reader.since = start;
+        let mut now = start;
+        for i in 0..500 {
+            now += MS;
+            reader.on_call_at(CallHook::CallingHost, now);
+            now += MS * 14;
+            reader.on_call_at(CallHook::ReturningFromHost, now);
+            assert!(
+                reader.on_tick_at(now).is_ok(),
+                "read {i}: stopped while waiting"
+            );
+        }
+        assert!(reader.computed <= MS * 501, "{:?}", reader.computed);
+
+        // The same with the wasm slices long enough to exceed the budget: stopped all the same.
+        let mut busy = CpuBudget::new(MS * 600);
+        busy.since = start;
+        let mut now = start;
+        let stopped = (0..500).find(|_| {
+            now += TICK;
+            if busy.on_tick_at(now).is_err() {
+                return true;
+            }
+            busy.on_call_at(CallHook::CallingHost, now);
+            now += MS * 14;
+            busy.on_call_at(CallHook::ReturningFromHost, now);
+            false
+        });
+        assert_eq!(
+            stopped,
+            Some(60),
+            "stopped after 600 ms of wasm between reads"
+        );
+
+        // A long block (a sleep) starts a new slice, as a call into our imports does.
+        let mut sleeper = CpuBudget::new(MS * 100);
+        sleeper.since = start;
+        sleeper.on_tick_at(start + MS * 90).unwrap();
+        sleeper.on_call_at(CallHook::CallingHost, start + MS * 90);
+        sleeper.on_call_at(CallHook::ReturningFromHost, start + MS * 200);
+        assert_eq!(sleeper.computed, Duration::ZERO);
     }
 }

@@ -31,8 +31,21 @@ const MAX_WATCHES: usize = 8192;
 #[derive(Debug)]
 pub struct ChangeWatcher {
     rx: watch::Receiver<u64>,
+    /// The dev root's kept listings, as the inotify task keeps them true.
+    listings: Option<Arc<Connected>>,
     /// Aborted when this is dropped: the watch ends with its owner.
-    _tasks: Vec<AbortOnDropHandle<()>>,
+    tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+impl Drop for ChangeWatcher {
+    /// The kept listings are disconnected here, not when the aborted task's future is dropped
+    /// (later, on a runtime thread): from the moment nothing notes changes, nothing kept is
+    /// served.
+    fn drop(&mut self) {
+        if let Some(listings) = &self.listings {
+            listings.disconnect();
+        }
+    }
 }
 
 impl ChangeWatcher {
@@ -47,26 +60,49 @@ impl ChangeWatcher {
     /// event is noted there before the guests are told (see [`crate::hostfs::listing`]).
     pub fn start(dev_root: &Path, sys_root: &Path, listings: Option<&Arc<Listings>>) -> Self {
         let (tx, rx) = watch::channel(0u64);
-        let mut tasks = Vec::new();
-        match Watching::new(dev_root, sys_root, listings) {
-            Ok(watching) => tasks.push(AbortOnDropHandle::new(tokio::spawn(
-                watching.run(tx.clone()),
-            ))),
-            Err(e) => tracing::warn!(
-                error = %e,
-                "inotify unavailable: scanners will only rescan at their timeout"
-            ),
-        }
+        let mut this = Self::inotify(dev_root, sys_root, listings, &tx, rx);
         match Uevents::open() {
-            Ok(uevents) => tasks.push(AbortOnDropHandle::new(tokio::spawn(forward_uevents(
-                uevents, tx,
-            )))),
+            Ok(uevents) => this
+                .tasks
+                .push(AbortOnDropHandle::new(tokio::spawn(forward_uevents(
+                    uevents, tx,
+                )))),
             Err(e) => tracing::warn!(
                 error = %e,
                 "kernel uevents unavailable: driver and sysfs changes wait for the rescan interval"
             ),
         }
-        ChangeWatcher { rx, _tasks: tasks }
+        this
+    }
+
+    /// The inotify half of [`ChangeWatcher::start`], telling `rx` through `tx`. Alone in the
+    /// tests, where a kernel uevent from elsewhere on the machine would be a change the test did
+    /// not make.
+    fn inotify(
+        dev_root: &Path,
+        sys_root: &Path,
+        listings: Option<&Arc<Listings>>,
+        tx: &watch::Sender<u64>,
+        rx: watch::Receiver<u64>,
+    ) -> Self {
+        let mut this = ChangeWatcher {
+            rx,
+            listings: None,
+            tasks: Vec::new(),
+        };
+        match Watching::new(dev_root, sys_root, listings) {
+            Ok(watching) => {
+                this.listings = watching.listings.clone();
+                this.tasks.push(AbortOnDropHandle::new(tokio::spawn(
+                    watching.run(tx.clone()),
+                )));
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "inotify unavailable: scanners will only rescan at their timeout"
+            ),
+        }
+        this
     }
 
     /// A receiver for one guest, with every change so far marked as seen.
@@ -82,8 +118,17 @@ struct Watching {
     watches: Watches,
     /// Directories whose new subdirectories are followed (the dev root's tree).
     recursive: HashMap<WatchDescriptor, PathBuf>,
-    /// Where the dev root's kept listings learn of changes; disconnected when this is dropped.
-    listings: Option<Connected>,
+    /// Where the dev root's kept listings learn of changes; disconnected when this is dropped
+    /// (the task's end, aborted or not), or before, when the [`ChangeWatcher`] is.
+    listings: Option<Arc<Connected>>,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        if let Some(listings) = &self.listings {
+            listings.disconnect();
+        }
+    }
 }
 
 /// Every entry change (what the dev root's kept listings need too), never through a symlink.
@@ -101,7 +146,7 @@ impl Watching {
         let stream = inotify.into_event_stream(vec![0u8; 16 * 1024])?;
         let mut this = Watching {
             watches: stream.watches(),
-            listings: listings.map(|l| l.connect(stream.watches(), DIR_MASK)),
+            listings: listings.map(|l| Arc::new(l.connect(stream.watches(), DIR_MASK))),
             stream,
             recursive: HashMap::new(),
         };
@@ -210,6 +255,19 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    use crate::hostfs::DevFs;
+
+    /// A watcher of inotify alone: every change it reports is one the test made.
+    fn watching(dev: &Path, sys: &Path, listings: Option<&Arc<Listings>>) -> ChangeWatcher {
+        let (tx, rx) = watch::channel(0u64);
+        ChangeWatcher::inotify(dev, sys, listings, &tx, rx)
+    }
+
+    fn names(devfs: &DevFs, dir: &str) -> Vec<String> {
+        let nodes = devfs.read_dir(dir).unwrap();
+        nodes.into_iter().map(|n| n.name).collect()
+    }
+
     /// A guest woken by a change lists it: the watcher notes each event in the dev root's kept
     /// listings before it bumps the counter, so no listing read after the wake-up misses it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,13 +277,10 @@ mod tests {
         let sys = tmp.path().join("sys");
         std::fs::create_dir_all(dev.join("bus")).unwrap();
         std::fs::create_dir_all(&sys).unwrap();
-        let devfs = crate::hostfs::DevFs::open(&dev).unwrap();
-        let watcher = ChangeWatcher::start(&dev, &sys, devfs.listings());
+        let devfs = DevFs::open(&dev).unwrap();
+        let watcher = watching(&dev, &sys, devfs.listings());
         let mut rx = watcher.subscribe();
-        let names = |devfs: &crate::hostfs::DevFs| {
-            let nodes = devfs.read_dir("/dev/bus").unwrap();
-            nodes.into_iter().map(|n| n.name).collect::<Vec<_>>()
-        };
+        let names = |devfs: &DevFs| names(devfs, "/dev/bus");
         let mut expected = Vec::new();
         for i in 0..200 {
             // Kept from the second listing on; each round one entry more, or one fewer.
@@ -238,19 +293,58 @@ mod tests {
                 std::fs::write(dev.join("bus").join(&name), "").unwrap();
                 expected.push(name);
             }
-            tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            tokio::time::timeout(Duration::from_secs(30), rx.changed())
                 .await
                 .expect("the change is reported")
                 .unwrap();
             rx.borrow_and_update();
         }
         assert_eq!(names(&devfs), expected);
-        // The watcher gone (its task ended): nothing kept, listings are taken afresh.
+        // The watcher dropped: nothing kept from then on, whenever its task ends.
         drop(watcher);
-        tokio::task::yield_now().await;
         std::fs::write(dev.join("bus/after"), "").unwrap();
         expected.insert(0, "after".into());
         assert_eq!(names(&devfs), expected);
+    }
+
+    /// No listing is served from a kept copy once the watcher is dropped, though its task (here
+    /// on a one-thread runtime the test holds) has not ended yet and notes nothing any more.
+    #[tokio::test]
+    async fn a_listing_after_the_watcher_is_dropped_is_taken_afresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dev = tmp.path().join("dev");
+        let sys = tmp.path().join("sys");
+        std::fs::create_dir_all(dev.join("bus")).unwrap();
+        std::fs::create_dir_all(&sys).unwrap();
+        let devfs = DevFs::open(&dev).unwrap();
+        let watcher = watching(&dev, &sys, devfs.listings());
+        assert!(names(&devfs, "/dev/bus").is_empty());
+        std::fs::write(dev.join("bus/early"), "").unwrap();
+        assert!(
+            names(&devfs, "/dev/bus").is_empty(),
+            "kept: the event waits for the watcher's task, which has not run"
+        );
+        drop(watcher);
+        std::fs::write(dev.join("bus/late"), "").unwrap();
+        assert_eq!(names(&devfs, "/dev/bus"), ["early", "late"]);
+
+        // A new watcher keeps listings again; the old task's end (now) leaves them be.
+        let watcher = watching(&dev, &sys, devfs.listings());
+        let mut rx = watcher.subscribe();
+        assert_eq!(names(&devfs, "/dev/bus"), ["early", "late"]);
+        tokio::task::yield_now().await;
+        std::fs::write(dev.join("bus/new"), "").unwrap();
+        tokio::time::timeout(Duration::from_secs(30), rx.changed())
+            .await
+            .expect("the change is reported")
+            .unwrap();
+        assert_eq!(names(&devfs, "/dev/bus"), ["early", "late", "new"]);
+        std::fs::write(dev.join("bus/unnoted"), "").unwrap();
+        assert_eq!(
+            names(&devfs, "/dev/bus"),
+            ["early", "late", "new"],
+            "still kept (the event is not read yet)"
+        );
     }
 
     #[tokio::test]
@@ -260,12 +354,12 @@ mod tests {
         let sys = tmp.path().join("sys");
         std::fs::create_dir_all(&dev).unwrap();
         std::fs::create_dir_all(sys.join("class/drm")).unwrap();
-        let watcher = ChangeWatcher::start(&dev, &sys, None);
+        let watcher = watching(&dev, &sys, None);
         let mut rx = watcher.subscribe();
         let wait = |rx: &mut watch::Receiver<u64>| {
             let mut rx = rx.clone();
             async move {
-                tokio::time::timeout(Duration::from_secs(5), rx.changed())
+                tokio::time::timeout(Duration::from_secs(30), rx.changed())
                     .await
                     .is_ok()
             }
@@ -273,9 +367,7 @@ mod tests {
 
         std::fs::create_dir(dev.join("dri")).unwrap();
         assert!(wait(&mut rx).await, "mkdir under the dev root");
-        rx.borrow_and_update();
-        // Give the watcher a moment to add the new directory's watch, then touch inside it.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Reported only once the new directory is watched (and only the test makes changes).
         rx.borrow_and_update();
         std::fs::write(dev.join("dri/card0"), "").unwrap();
         assert!(wait(&mut rx).await, "new file in a new directory");

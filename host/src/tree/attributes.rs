@@ -12,15 +12,27 @@ use serde::Serialize;
 
 use crate::bindings::types as wit;
 
-/// Longest C-identifier part of a qualified name (Kubernetes' `DeviceMaxIDLength`).
+/// Longest C-identifier part of a qualified name, in bytes (Kubernetes' `DeviceMaxIDLength`).
 pub const MAX_NAME: usize = 32;
-/// Longest DNS-subdomain prefix of a qualified name.
-pub const MAX_PREFIX: usize = 253;
+/// Longest DNS-subdomain prefix of a qualified name, in bytes: Kubernetes checks the prefix as a
+/// driver name (`DriverNameMaxLength`).
+pub const MAX_PREFIX: usize = 63;
 /// Most attributes and capacities of one device, together
 /// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`).
 pub const MAX_PER_DEVICE: usize = 32;
-/// Longest string or version value (`DeviceAttributeMaxValueLength`).
+/// Longest string or version value, in bytes: Kubernetes compares `DeviceAttributeMaxValueLength`
+/// with Go's `len()`, which counts bytes, so a 64-character value of multi-byte characters is
+/// refused by the API server.
 pub const MAX_VALUE: usize = 64;
+/// Longest capacity quantity, in bytes. Kubernetes accepts any quantity it can parse, of any
+/// length (the request's size is the only bound); a quantity is a number and a suffix, and 64
+/// bytes hold any value [`MAX_QUANTITY_VALUE`] allows with nine fraction digits and a suffix.
+pub const MAX_QUANTITY: usize = 64;
+/// Largest capacity value, in absolute value: a Kubernetes quantity holds an int64 exactly,
+/// silently caps a binary-suffixed one there (`9Ei` becomes `8Ei - 1`) and builds an
+/// arbitrary-precision number for a larger decimal one (`1e999999999` costs the API server a
+/// billion digits). Values finer than `1n` are silently rounded up, so they are refused too.
+pub const MAX_QUANTITY_VALUE: i64 = i64::MAX;
 /// The prefix Kubernetes defines attributes under; the host sets those itself (NUMA node, PCI
 /// bus id), so a guest may not.
 pub const RESERVED_PREFIX: &str = "resource.kubernetes.io";
@@ -33,9 +45,9 @@ pub enum AttributeValue {
     Bool(bool),
     /// `int`.
     Int(i64),
-    /// `string`, at most [`MAX_VALUE`] characters.
+    /// `string`, at most [`MAX_VALUE`] bytes.
     String(String),
-    /// `version`: semver 2.0, at most [`MAX_VALUE`] characters.
+    /// `version`: semver 2.0, at most [`MAX_VALUE`] bytes.
     Version(String),
 }
 
@@ -43,9 +55,81 @@ pub enum AttributeValue {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Attributes {
     /// Typed attributes.
-    pub attributes: BTreeMap<String, AttributeValue>,
+    pub attributes: Named<AttributeValue>,
     /// Capacities, as Kubernetes quantity strings.
-    pub capacities: BTreeMap<String, String>,
+    pub capacities: Named<String>,
+}
+
+/// Values by name, in name order, serialised as a map.
+///
+/// Why not a `BTreeMap`: a device carries a handful of attributes, and a map allocates a node of
+/// eleven slots for the first one; two maps per device of a 16,384-device tree cost 1.2 KB a
+/// device, more than the rest of the device. A sorted vector holds what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Named<V>(Vec<(String, V)>);
+
+impl<V> Default for Named<V> {
+    fn default() -> Self {
+        Named(Vec::new())
+    }
+}
+
+impl<V> Named<V> {
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
+    }
+
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<&V> {
+        self.position(name).ok().map(|i| &self.0[i].1)
+    }
+
+    /// Whether `name` has a value.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.position(name).is_ok()
+    }
+
+    /// Sets `name` to `value`, returning the value it replaces.
+    pub fn insert(&mut self, name: String, value: V) -> Option<V> {
+        match self.position(&name) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (name, value));
+                None
+            }
+        }
+    }
+
+    /// Names and values, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+        self.0.iter().map(|(n, v)| (n, v))
+    }
+
+    /// How many names have a value.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no name has a value.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<V> std::ops::Index<&str> for Named<V> {
+    type Output = V;
+
+    /// The value of `name`; panics when it has none, as a map's index does.
+    fn index(&self, name: &str) -> &V {
+        self.get(name)
+            .unwrap_or_else(|| panic!("no value named {name:?}"))
+    }
+}
+
+impl<V: Serialize> Serialize for Named<V> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.iter())
+    }
 }
 
 impl Attributes {
@@ -63,7 +147,7 @@ pub enum AttributeRule {
     UnknownDevice,
     /// Two entries for one device.
     DuplicateDevice,
-    /// Not an optional DNS-subdomain prefix and `/` then a C identifier of at most 32 characters.
+    /// Not an optional DNS-subdomain prefix and `/` then a C identifier of at most 32 bytes.
     QualifiedName,
     /// Under `resource.kubernetes.io/`.
     ReservedPrefix,
@@ -71,11 +155,12 @@ pub enum AttributeRule {
     DuplicateName,
     /// More than 32 attributes and capacities on one device.
     TooMany,
-    /// A string value longer than 64 characters.
+    /// A string value longer than 64 bytes.
     StringLength,
-    /// A version that is not semver 2.0 or longer than 64 characters.
+    /// A version that is not semver 2.0 or longer than 64 bytes.
     Version,
-    /// A capacity that is not a Kubernetes quantity.
+    /// A capacity that is not a Kubernetes quantity of at most 64 bytes whose value Kubernetes
+    /// holds exactly.
     Quantity,
 }
 
@@ -100,7 +185,7 @@ impl AttributeRule {
             AttributeRule::UnknownDevice => "it names no device of the notified tree".into(),
             AttributeRule::DuplicateDevice => "the device is given attributes twice".into(),
             AttributeRule::QualifiedName => format!(
-                "a name must be an optional DNS-subdomain prefix (at most {MAX_PREFIX} characters) and '/', then a C identifier of at most {MAX_NAME} characters"
+                "a name must be an optional DNS-subdomain prefix (at most {MAX_PREFIX} bytes) and '/', then a C identifier of at most {MAX_NAME} bytes"
             ),
             AttributeRule::ReservedPrefix => {
                 format!("the prefix {RESERVED_PREFIX}/ is the host's")
@@ -110,14 +195,14 @@ impl AttributeRule {
                 format!("a device carries at most {MAX_PER_DEVICE} attributes and capacities")
             }
             AttributeRule::StringLength => {
-                format!("a string value is at most {MAX_VALUE} characters")
+                format!("a string value is at most {MAX_VALUE} bytes (UTF-8)")
             }
             AttributeRule::Version => {
-                format!("a version is a semantic version (2.0) of at most {MAX_VALUE} characters")
+                format!("a version is a semantic version (2.0) of at most {MAX_VALUE} bytes")
             }
-            AttributeRule::Quantity => {
-                "a capacity is a Kubernetes quantity (e.g. \"16Gi\", \"2\", \"500m\")".into()
-            }
+            AttributeRule::Quantity => format!(
+                "a capacity is a Kubernetes quantity (e.g. \"16Gi\", \"2\", \"500m\") of at most {MAX_QUANTITY} bytes, its value at most {MAX_QUANTITY_VALUE} in absolute value and a whole number of 1n"
+            ),
         }
     }
 }
@@ -140,68 +225,77 @@ pub struct AttributeError {
 }
 
 /// Checks the guest's `entries` for the devices of `tree` (`dev-type -> id -> ()`-like lookup
-/// through `has_device`), returning each device's validated attributes.
+/// through `has_device`), returning each device's validated attributes. The entries are taken
+/// apart, not copied: a tree of 16,384 devices with attributes is large.
 pub fn validate(
     entries: Vec<wit::DeviceAttributes>,
     has_device: impl Fn(&str, &str) -> bool,
 ) -> Result<BTreeMap<(String, String), Attributes>, AttributeError> {
     let mut out = BTreeMap::new();
     for entry in entries {
+        let wit::DeviceAttributes {
+            dev_type,
+            id,
+            attributes,
+            capacities,
+        } = entry;
         let err = |name: &str, rule| AttributeError {
-            dev_type: entry.dev_type.clone(),
-            id: entry.id.clone(),
+            dev_type: dev_type.clone(),
+            id: id.clone(),
             name: name.to_string(),
             rule,
         };
-        if !has_device(&entry.dev_type, &entry.id) {
+        if !has_device(&dev_type, &id) {
             return Err(err("", AttributeRule::UnknownDevice));
         }
-        if entry.attributes.len() + entry.capacities.len() > MAX_PER_DEVICE {
+        if attributes.len() + capacities.len() > MAX_PER_DEVICE {
             return Err(err("", AttributeRule::TooMany));
         }
         let mut attrs = Attributes::default();
-        for (name, value) in &entry.attributes {
-            check_name(name).map_err(|rule| err(name, rule))?;
+        for (name, value) in attributes {
+            check_name(&name).map_err(|rule| err(&name, rule))?;
             let value = match value {
-                wit::AttributeValue::Boolean(b) => AttributeValue::Bool(*b),
-                wit::AttributeValue::Int(i) => AttributeValue::Int(*i),
+                wit::AttributeValue::Boolean(b) => AttributeValue::Bool(b),
+                wit::AttributeValue::Int(i) => AttributeValue::Int(i),
                 wit::AttributeValue::Text(s) => {
-                    if s.chars().count() > MAX_VALUE {
-                        return Err(err(name, AttributeRule::StringLength));
+                    if s.len() > MAX_VALUE {
+                        return Err(err(&name, AttributeRule::StringLength));
                     }
-                    AttributeValue::String(s.clone())
+                    AttributeValue::String(s)
                 }
                 wit::AttributeValue::Version(v) => {
-                    if v.chars().count() > MAX_VALUE || semver::Version::parse(v).is_err() {
-                        return Err(err(name, AttributeRule::Version));
+                    if v.len() > MAX_VALUE || semver::Version::parse(&v).is_err() {
+                        return Err(err(&name, AttributeRule::Version));
                     }
-                    AttributeValue::Version(v.clone())
+                    AttributeValue::Version(v)
                 }
             };
-            if attrs.attributes.insert(name.clone(), value).is_some() {
-                return Err(err(name, AttributeRule::DuplicateName));
+            if attrs.attributes.contains_key(&name) {
+                return Err(err(&name, AttributeRule::DuplicateName));
             }
+            attrs.attributes.insert(name, value);
         }
-        for (name, quantity) in &entry.capacities {
-            check_name(name).map_err(|rule| err(name, rule))?;
-            if !is_quantity(quantity) {
-                return Err(err(name, AttributeRule::Quantity));
+        for (name, quantity) in capacities {
+            check_name(&name).map_err(|rule| err(&name, rule))?;
+            if !is_quantity(&quantity) {
+                return Err(err(&name, AttributeRule::Quantity));
             }
-            if attrs.attributes.contains_key(name)
-                || attrs
-                    .capacities
-                    .insert(name.clone(), quantity.clone())
-                    .is_some()
-            {
-                return Err(err(name, AttributeRule::DuplicateName));
+            if attrs.attributes.contains_key(&name) || attrs.capacities.contains_key(&name) {
+                return Err(err(&name, AttributeRule::DuplicateName));
             }
+            attrs.capacities.insert(name, quantity);
         }
-        if out
-            .insert((entry.dev_type.clone(), entry.id.clone()), attrs)
-            .is_some()
-        {
-            return Err(err("", AttributeRule::DuplicateDevice));
+        let key = (dev_type, id);
+        if out.contains_key(&key) {
+            let (dev_type, id) = key;
+            return Err(AttributeError {
+                dev_type,
+                id,
+                name: String::new(),
+                rule: AttributeRule::DuplicateDevice,
+            });
         }
+        out.insert(key, attrs);
     }
     Ok(out)
 }
@@ -235,7 +329,7 @@ fn check_name(name: &str) -> Result<(), AttributeRule> {
 }
 
 /// RFC 1123 subdomain: lowercase labels of `[a-z0-9-]`, starting and ending alphanumeric, joined
-/// by dots, at most [`MAX_PREFIX`] characters.
+/// by dots, at most [`MAX_PREFIX`] bytes.
 fn is_dns_subdomain(s: &str) -> bool {
     let label = |l: &str| {
         !l.is_empty()
@@ -248,14 +342,19 @@ fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_PREFIX && s.split('.').all(label)
 }
 
-/// Kubernetes' quantity grammar: a signed decimal number, then an optional binary suffix
-/// (`Ki`..`Ei`), decimal suffix (`n u m k M G T P E`) or exponent (`e3`, `E-2`).
+/// A capacity Kubernetes takes as the guest wrote it: its quantity grammar (a signed decimal
+/// number, then an optional binary suffix `Ki`..`Ei`, decimal suffix `n u m k M G T P E` or
+/// exponent `e3`, `E-2`), at most [`MAX_QUANTITY`] bytes, its value within
+/// ±[`MAX_QUANTITY_VALUE`] and a whole number of `1n`.
 fn is_quantity(s: &str) -> bool {
-    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let digits_end = s
+    if s.len() > MAX_QUANTITY {
+        return false;
+    }
+    let unsigned = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let digits_end = unsigned
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(digits_end);
+        .unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(digits_end);
     let (int, frac) = number.split_once('.').unwrap_or((number, ""));
     let number_ok = !(int.is_empty() && frac.is_empty())
         && int.bytes().all(|b| b.is_ascii_digit())
@@ -263,14 +362,71 @@ fn is_quantity(s: &str) -> bool {
     if !number_ok {
         return false;
     }
-    match suffix {
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T"
-        | "P" | "E" => true,
-        exp => exp
-            .strip_prefix(['e', 'E'])
-            .map(|e| e.strip_prefix(['+', '-']).unwrap_or(e))
-            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())),
+    // The value is `digits * 10^ten * 2^two`.
+    let (ten, two): (i64, u32) = match suffix {
+        "Ki" => (0, 10),
+        "Mi" => (0, 20),
+        "Gi" => (0, 30),
+        "Ti" => (0, 40),
+        "Pi" => (0, 50),
+        "Ei" => (0, 60),
+        "n" => (-9, 0),
+        "u" => (-6, 0),
+        "m" => (-3, 0),
+        "" => (0, 0),
+        "k" => (3, 0),
+        "M" => (6, 0),
+        "G" => (9, 0),
+        "T" => (12, 0),
+        "P" => (15, 0),
+        "E" => (18, 0),
+        exp => {
+            let Some(e) = exp.strip_prefix(['e', 'E']) else {
+                return false;
+            };
+            let digits = e.strip_prefix(['+', '-']).unwrap_or(e);
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return false;
+            }
+            // At most 64 bytes: the exponent has fewer than 64 digits, but may still not fit.
+            match e.parse::<i64>() {
+                Ok(e) => (e, 0),
+                Err(_) => return false,
+            }
+        }
+    };
+    fits(int, frac, ten, two)
+}
+
+/// Whether `int.frac * 10^ten * 2^two` is a whole number of nano-units of at most
+/// [`MAX_QUANTITY_VALUE`]: in nano-units it must be an integer of at most `MAX * 10^9`, which
+/// a `u128` holds.
+fn fits(int: &str, frac: &str, ten: i64, two: u32) -> bool {
+    let digits = format!("{int}{frac}");
+    let digits = digits.trim_start_matches('0');
+    let significant = digits.trim_end_matches('0');
+    if significant.is_empty() {
+        return true;
     }
+    // value = significant * 10^scale * 2^two
+    let trailing = (digits.len() - significant.len()) as i64;
+    let scale = ten - frac.len() as i64 + trailing;
+    // In nano-units: significant * 10^(scale + 9) * 2^two. A negative power of ten leaves a
+    // fraction of 1n, the significant digits ending in a non-zero digit; with a binary suffix
+    // it may not (`0.0000000005Ki` is 512n), too rare a way to write a capacity to be worth
+    // exact arithmetic: refused.
+    let Ok(nano_scale) = u32::try_from(scale + 9) else {
+        return false;
+    };
+    let limit = MAX_QUANTITY_VALUE as u128 * 1_000_000_000;
+    let Ok(significant) = significant.parse::<u128>() else {
+        return false;
+    };
+    10u128
+        .checked_pow(nano_scale)
+        .and_then(|p| significant.checked_mul(p))
+        .and_then(|v| v.checked_mul(1u128 << two))
+        .is_some_and(|v| v <= limit)
 }
 
 #[cfg(test)]
@@ -350,6 +506,7 @@ mod tests {
             &"n".repeat(MAX_NAME),
             "gpu.example.com/memoryType",
             "a-b.c/x1",
+            &format!("{}/x", "a".repeat(MAX_PREFIX)),
         ] {
             assert_eq!(check_name(ok), Ok(()), "{ok}");
         }
@@ -363,6 +520,11 @@ mod tests {
             ("a..b/x", "empty label"),
             ("/x", "empty prefix"),
             ("a/b/c", "two slashes"),
+            // Kubernetes checks the prefix as a driver name: at most 63 bytes.
+            (
+                &format!("{}.b/x", "a".repeat(MAX_PREFIX - 1)) as &str,
+                "long prefix",
+            ),
         ] {
             assert_eq!(check_name(bad), Err(AttributeRule::QualifiedName), "{why}");
         }
@@ -426,15 +588,12 @@ mod tests {
     }
 
     #[test]
-    fn string_values_are_at_most_64_characters() {
-        // 64 characters, more bytes: the limit counts characters.
-        assert!(
-            validate(
-                vec![entry(vec![("m", text(&"é".repeat(64)))], vec![])],
-                only_card0
-            )
-            .is_ok()
-        );
+    fn string_values_are_at_most_64_bytes() {
+        let ok = |value: &str| validate(vec![entry(vec![("m", text(value))], vec![])], only_card0);
+        assert!(ok(&"s".repeat(63)).is_ok());
+        assert!(ok(&"s".repeat(MAX_VALUE)).is_ok());
+        // 32 two-byte characters: 64 bytes.
+        assert!(ok(&"é".repeat(32)).is_ok());
         refused(
             vec![entry(
                 vec![("model", text(&"s".repeat(MAX_VALUE + 1)))],
@@ -443,10 +602,24 @@ mod tests {
             "model",
             AttributeRule::StringLength,
         );
+        // 33 two-byte characters: 66 bytes; 64 four-byte characters: 256 bytes. Kubernetes
+        // counts bytes, so both would be refused by the API server.
+        for value in [
+            "é".repeat(33),
+            "\u{1F600}".repeat(64),
+            format!("{}é", "s".repeat(63)),
+        ] {
+            assert!(value.chars().count() <= MAX_VALUE && value.len() > MAX_VALUE);
+            refused(
+                vec![entry(vec![("model", text(&value))], vec![])],
+                "model",
+                AttributeRule::StringLength,
+            );
+        }
     }
 
     #[test]
-    fn versions_are_semver_of_at_most_64_characters() {
+    fn versions_are_semver_of_at_most_64_bytes() {
         let v = |s: &str| wit::AttributeValue::Version(s.into());
         assert!(
             validate(
@@ -455,10 +628,15 @@ mod tests {
             )
             .is_ok()
         );
+        // 64 bytes exactly, then 65.
+        let at_limit = format!("1.2.3-{}", "a".repeat(MAX_VALUE - 6));
+        assert_eq!(at_limit.len(), MAX_VALUE);
+        assert!(validate(vec![entry(vec![("fw", v(&at_limit))], vec![])], only_card0).is_ok());
         for bad in [
             "1.2",
             "v1.2.3",
             "01.2.3",
+            &format!("{at_limit}a") as &str,
             &format!("1.2.3-{}", "a".repeat(60)) as &str,
         ] {
             refused(
@@ -471,10 +649,14 @@ mod tests {
 
     #[test]
     fn capacities_are_quantities() {
-        for ok in ["1", "16Gi", "500m", "1.5", ".5", "+2", "1e3", "2E-2", "0"] {
+        for ok in [
+            "1", "16Gi", "500m", "1.5", ".5", "+2", "1e3", "2E-2", "0", "1.", "-3k",
+        ] {
             assert!(is_quantity(ok), "{ok}");
         }
-        for bad in ["", "Gi", "1GB", "1.2.3", "e3", "1e", "--1", "1 Gi"] {
+        for bad in [
+            "", "Gi", "1GB", "1.2.3", "e3", "1e", "--1", "1 Gi", ".", "1e+",
+        ] {
             assert!(!is_quantity(bad), "{bad}");
         }
         refused(
@@ -482,6 +664,62 @@ mod tests {
             "memory",
             AttributeRule::Quantity,
         );
+    }
+
+    #[test]
+    fn capacities_are_at_most_64_bytes() {
+        // Leading zeros keep the value small: only the length refuses these.
+        let padded = |len: usize| format!("{}1", "0".repeat(len - 1));
+        assert!(is_quantity(&padded(63)));
+        assert!(is_quantity(&padded(MAX_QUANTITY)));
+        assert!(!is_quantity(&padded(MAX_QUANTITY + 1)));
+        // The giant capacity of a hostile guest: refused before any parsing.
+        let giant = "9".repeat(28_000_000);
+        refused(
+            vec![entry(vec![], vec![("memory", &giant)])],
+            "memory",
+            AttributeRule::Quantity,
+        );
+    }
+
+    #[test]
+    fn capacity_values_are_what_kubernetes_holds_exactly() {
+        let max = i64::MAX.to_string();
+        let over = (i64::MAX as u128 + 1).to_string();
+        for ok in [
+            max.as_str(),
+            &format!("-{max}"),
+            "7.5Ei",
+            "8191Pi",
+            "9223372036854775807000m",
+            "9223372036854775807000000000n",
+            "9.223372036854775807e18",
+            "1n",
+            "0.000000001",
+            "1e-9",
+            "1.5Ki",
+            "0e999999",
+        ] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in [
+            over.as_str(),
+            &format!("-{over}"),
+            // Kubernetes caps binary quantities at 2^63 - 1: 8Ei is 2^63.
+            "8Ei",
+            "8192Pi",
+            "9223372036854775808000m",
+            "10E",
+            "1e19",
+            "1e999999999",
+            "1e99999999999999999999",
+            // Finer than 1n: Kubernetes rounds it up.
+            "0.1n",
+            "1e-10",
+            "0.0000000001",
+        ] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -11,13 +11,15 @@
 //! the OCI client. What a node agent needs from in-cluster configuration is small: the API server at
 //! `KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT`, its CA and a service-account token, both in
 //! `/var/run/secrets/kubernetes.io/serviceaccount`. The token is a projected one that kubelet
-//! rotates, so it is read again for every request (a watch, too, when it is started again). One
+//! rotates, so it is read again for every request (a watch, too, when it is started again).
+//! Outside a pod, [`ApiClient::from_kubeconfig`] takes the same parts (server, trust, token or
+//! client certificate) from a kubeconfig's current context ([`super::kubeconfig`]). One
 //! connection per request: these calls are rare (a slice change, a claim prepared) and a
 //! connection pool is not worth its code. The watch of the node's slices is one long request
 //! whose chunked answer is one JSON event a line (see [`super::watch`] for resuming it).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,9 +31,10 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
+use super::kubeconfig::{self, KubeconfigError, Token, Trust};
 use super::{ApiError, ClaimSource, SliceList, SliceStore, WatchEvent, WatchStream};
 
 /// Where the service-account files are mounted in a pod.
@@ -64,8 +67,10 @@ pub struct ApiClient {
 struct Inner {
     host: String,
     port: u16,
+    /// The path the API is served under (a kubeconfig's `server: https://host/prefix`), or "".
+    prefix: String,
     tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
-    token: Option<PathBuf>,
+    token: Option<Token>,
 }
 
 impl std::fmt::Debug for ApiClient {
@@ -98,36 +103,58 @@ impl ApiClient {
     /// token `<dir>/token` (read again for every request).
     pub fn https(host: &str, port: u16, dir: &Path) -> Result<Self, ApiError> {
         let ca = dir.join("ca.crt");
-        let mut roots = rustls::RootCertStore::empty();
-        let certs = CertificateDer::pem_file_iter(&ca)
+        let pem =
+            std::fs::read(&ca).map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
-        for cert in certs {
-            let cert = cert.map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
-            roots
-                .add(cert)
-                .map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
-        }
-        if roots.is_empty() {
+        if certs.is_empty() {
             return Err(ApiError::Config(format!(
                 "{} holds no certificate",
                 ca.display()
             )));
         }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ApiError::Config(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        let tls = connector(Trust::Roots(certs), None)
+            .map_err(|e| ApiError::Config(format!("{}: {e}", ca.display())))?;
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| ApiError::Config(format!("server name {host:?}: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 host: host.to_owned(),
                 port,
-                tls: Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name)),
-                token: Some(dir.join("token")),
+                prefix: String::new(),
+                tls: Some((tls, name)),
+                token: Some(Token::File(dir.join("token"))),
+            }),
+        })
+    }
+
+    /// The client the current context of a kubeconfig describes: `file`, else `$KUBECONFIG`,
+    /// else `~/.kube/config` (see [`super::kubeconfig`] for what is supported).
+    pub fn from_kubeconfig(file: Option<&Path>) -> Result<Self, ApiError> {
+        let target = kubeconfig::load(file)?;
+        let tls = if target.https {
+            let config_error = |e: String| {
+                ApiError::Kubeconfig(KubeconfigError::Invalid {
+                    path: target.path.clone(),
+                    entry: format!("context {:?}: TLS", target.context),
+                    message: e,
+                })
+            };
+            let connector = connector(target.trust, target.identity).map_err(config_error)?;
+            let name = ServerName::try_from(target.server_name.clone())
+                .map_err(|e| config_error(format!("server name {:?}: {e}", target.server_name)))?;
+            Some((connector, name))
+        } else {
+            None
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                host: target.host,
+                port: target.port,
+                prefix: target.prefix,
+                tls,
+                token: target.token,
             }),
         })
     }
@@ -138,6 +165,7 @@ impl ApiClient {
             inner: Arc::new(Inner {
                 host: addr.ip().to_string(),
                 port: addr.port(),
+                prefix: String::new(),
                 tls: None,
                 token: None,
             }),
@@ -182,16 +210,21 @@ impl ApiClient {
         };
         let mut request = hyper::Request::builder()
             .method(method)
-            .uri(path)
+            .uri(format!("{}{path}", inner.prefix))
             .header(hyper::header::HOST, &authority)
             .header(hyper::header::ACCEPT, "application/json");
-        if let Some(token) = &inner.token {
-            let token = std::fs::read_to_string(token)
-                .map_err(|e| ApiError::Config(format!("{}: {e}", token.display())))?;
-            request = request.header(
-                hyper::header::AUTHORIZATION,
-                format!("Bearer {}", token.trim()),
-            );
+        let token = match &inner.token {
+            None => None,
+            Some(Token::Value(token)) => Some(token.clone()),
+            Some(Token::File(file)) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|e| ApiError::Config(format!("{}: {e}", file.display())))?
+                    .trim()
+                    .to_owned(),
+            ),
+        };
+        if let Some(token) = token {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
         }
         if body.is_some() {
             request = request.header(hyper::header::CONTENT_TYPE, "application/json");
@@ -232,6 +265,105 @@ impl ApiClient {
         self.call(Method::DELETE, &slice_selector(node, driver), None)
             .await
             .map(drop)
+    }
+}
+
+/// A TLS connector trusting `trust`, presenting `identity` when there is one.
+fn connector(
+    trust: Trust,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<tokio_rustls::TlsConnector, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let roots = |certs: Vec<CertificateDer<'static>>| {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certs {
+            roots.add(cert).map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>(roots)
+    };
+    let builder = match trust {
+        Trust::Roots(certs) => builder.with_root_certificates(roots(certs)?),
+        Trust::System => {
+            let found = rustls_native_certs::load_native_certs();
+            if found.certs.is_empty() {
+                return Err(format!(
+                    "no certificate-authority given and no system CA certificates found ({}): set certificate-authority or certificate-authority-data",
+                    found
+                        .errors
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+            let mut store = rustls::RootCertStore::empty();
+            // A system bundle may hold certificates webpki cannot use; client-go skips them too.
+            let _ = store.add_parsable_certificates(found.certs);
+            builder.with_root_certificates(store)
+        }
+        Trust::Anyone => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider))),
+    };
+    let config = match identity {
+        Some((certs, key)) => builder
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| format!("client certificate and key: {e}"))?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// `insecure-skip-tls-verify: true`: any server certificate is taken, but the handshake's
+/// signatures are still checked with the key it carries.
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

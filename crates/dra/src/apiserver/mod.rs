@@ -11,6 +11,7 @@
 //! or a bookmark's) and lists afresh when the API server answers 410 Gone.
 
 pub mod client;
+pub mod kubeconfig;
 pub mod standin;
 pub mod watch;
 
@@ -52,6 +53,9 @@ pub enum ApiError {
     /// The client could not be configured (in-cluster files or environment missing).
     #[error("API client configuration: {0}")]
     Config(String),
+    /// The kubeconfig named cannot be used.
+    #[error(transparent)]
+    Kubeconfig(#[from] kubeconfig::KubeconfigError),
 }
 
 /// Reads ResourceClaims.

@@ -37,8 +37,10 @@
 //!
 //! It serves plain HTTP, or HTTPS with a bearer token that a test can rotate ([`Options`],
 //! [`ApiServerStandIn::set_token`]): a request without the current token gets 401, as from the
-//! real server. A test injects claims ([`ApiServerStandIn::insert_claim`]), wipes slices as
-//! kubelet does ([`ApiServerStandIn::wipe_slices`]) and reads what is stored.
+//! real server; with [`Options::client_ca`], a client certificate chaining to that CA
+//! authenticates instead of the token. A test injects claims
+//! ([`ApiServerStandIn::insert_claim`]), wipes slices as kubelet does
+//! ([`ApiServerStandIn::wipe_slices`]) and reads what is stored.
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
@@ -88,36 +90,63 @@ pub struct Options {
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
     /// Refuse (401) requests without `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// With `tls`: ask for a client certificate and take one that chains to this CA (PEM) as
+    /// the request's credentials, instead of the token, as the API server's x509 authenticator
+    /// does (`--client-ca-file`). A certificate that does not chain to it fails the handshake;
+    /// none at all leaves the token to authenticate.
+    pub client_ca: Option<Vec<u8>>,
     /// Send a BOOKMARK event this often on watches that allow them (the real API server: about
     /// every minute); `None`: never.
     pub bookmarks: Option<std::time::Duration>,
 }
 
-fn acceptor(cert: &[u8], key: &[u8]) -> std::io::Result<tokio_rustls::TlsAcceptor> {
+fn acceptor(
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+) -> std::io::Result<tokio_rustls::TlsAcceptor> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let certs = CertificateDer::pem_slice_iter(cert)
         .collect::<Result<Vec<_>, _>>()
         .map_err(std::io::Error::other)?;
     let key = PrivateKeyDer::from_pem_slice(key).map_err(std::io::Error::other)?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(std::io::Error::other)?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .map_err(std::io::Error::other)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                roots
+                    .add(cert.map_err(std::io::Error::other)?)
+                    .map_err(std::io::Error::other)?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(std::io::Error::other)?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(std::io::Error::other)?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-async fn serve_io<I>(io: I, state: Arc<Mutex<State>>)
+/// Serves one connection; `client_cert`: its TLS handshake presented a client certificate the
+/// verifier took, which authenticates every request on it.
+async fn serve_io<I>(io: I, state: Arc<Mutex<State>>, client_cert: bool)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |request| {
         let state = state.clone();
-        async move { Ok::<_, Infallible>(handle(&state, request).await) }
+        async move { Ok::<_, Infallible>(handle(&state, request, client_cert).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(io, service)
@@ -152,6 +181,8 @@ struct State {
     lists: u64,
     watches: u64,
     unauthorized: u64,
+    /// Requests authenticated by a client certificate.
+    by_certificate: u64,
 }
 
 /// One open watch: its field selector and where its events go.
@@ -230,7 +261,7 @@ impl ApiServerStandIn {
     /// Serves on a free loopback port as `options` say: HTTPS, a bearer token.
     pub async fn start_with(options: Options) -> std::io::Result<Self> {
         let acceptor = match &options.tls {
-            Some((cert, key)) => Some(acceptor(cert, key)?),
+            Some((cert, key)) => Some(acceptor(cert, key, options.client_ca.as_deref())?),
             None => None,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -252,10 +283,11 @@ impl ApiServerStandIn {
                     match acceptor {
                         Some(acceptor) => {
                             if let Ok(tls) = acceptor.accept(stream).await {
-                                serve_io(TokioIo::new(tls), state).await;
+                                let client_cert = tls.get_ref().1.peer_certificates().is_some();
+                                serve_io(TokioIo::new(tls), state, client_cert).await;
                             }
                         }
-                        None => serve_io(TokioIo::new(stream), state).await,
+                        None => serve_io(TokioIo::new(stream), state, false).await,
                     }
                 });
             }
@@ -379,6 +411,11 @@ impl ApiServerStandIn {
     /// How many requests were refused (401) for a missing or outdated token.
     pub fn unauthorized(&self) -> u64 {
         lock(&self.state).unauthorized
+    }
+
+    /// How many requests came over a connection authenticated by a client certificate.
+    pub fn by_certificate(&self) -> u64 {
+        lock(&self.state).by_certificate
     }
 
     /// Stores `slice` as if another writer had created it (validated like any other).
@@ -536,8 +573,15 @@ fn selected(slice: &ResourceSlice, node: &Option<String>, driver: &Option<String
         && driver.as_ref().is_none_or(|d| &slice.spec.driver == d)
 }
 
-async fn handle(state: &Arc<Mutex<State>>, request: Request<Incoming>) -> Answer {
-    let token = lock(state).token.clone();
+async fn handle(
+    state: &Arc<Mutex<State>>,
+    request: Request<Incoming>,
+    client_cert: bool,
+) -> Answer {
+    let token = lock(state).token.clone().filter(|_| !client_cert);
+    if client_cert {
+        lock(state).by_certificate += 1;
+    }
     if let Some(token) = token {
         let given = request
             .headers()

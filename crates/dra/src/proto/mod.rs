@@ -28,9 +28,15 @@ pub mod health_v1 {
     include!("health_v1.rs");
 }
 
+/// The device health stream, v1alpha1 (package `v1alpha1`): the only one kubelet 1.34 to 1.36
+/// open, on every registered driver when their ResourceHealthStatus gate is on.
+pub mod health_v1alpha1 {
+    include!("health_v1alpha1.rs");
+}
+
 /// Each checked-in file and the file tonic-prost-build names after the proto package.
 #[cfg(test)]
-const GENERATED: [(&str, &str, &str); 4] = [
+const GENERATED: [(&str, &str, &str); 5] = [
     (
         "dra-v1.proto",
         "k8s.io.kubelet.pkg.apis.dra.v1.rs",
@@ -47,6 +53,11 @@ const GENERATED: [(&str, &str, &str); 4] = [
         "pluginregistration.rs",
     ),
     ("dra-health-v1.proto", "v1.rs", "health_v1.rs"),
+    (
+        "dra-health-v1alpha1.proto",
+        "v1alpha1.rs",
+        "health_v1alpha1.rs",
+    ),
 ];
 
 #[cfg(test)]

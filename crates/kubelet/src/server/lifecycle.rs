@@ -1,6 +1,13 @@
 //! The registration state machine of one resource server: serve, register (waiting for
-//! kubelet's socket), wait for kubelet to restart, delete our socket or lose our stream, and
-//! again, until stopped.
+//! kubelet's socket), wait for kubelet to restart, go away, delete our socket or lose our
+//! stream, and again, until stopped.
+//!
+//! Whether kubelet is there is asked of its socket, never of the file's inode: a real kubelet
+//! never removes `kubelet.sock` when it stops (SIGTERM ends the process without calling its
+//! device manager's Stop), so a stopped kubelet leaves the same file behind, and a new one may
+//! bind a file that gets the same inode number back. A stream that ends while `kubelet.sock`
+//! refuses connections is kubelet going away, not a lost stream: the server waits for kubelet to
+//! come back and registers once.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -8,9 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, watch};
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use super::PluginSockets;
@@ -18,12 +24,15 @@ use super::plugin::ResourcePlugin;
 use super::service::PluginService;
 use crate::api::device_plugin_server::DevicePluginServer;
 use crate::dir::{self, DirEvent};
-use crate::register;
+use crate::register::{self, RegisterError};
 
 /// Why a served socket stopped being useful, or its registration did.
 enum Restart {
     /// kubelet restarted (`kubelet.sock` recreated) or deleted our socket.
     Kubelet,
+    /// kubelet went away (its socket refuses connections): register on the same socket once it
+    /// is back, unless its cleanup removes our socket first.
+    KubeletGone,
     /// kubelet's stream ended while it kept running: register again on the same socket.
     StreamLost,
     /// The server was stopped.
@@ -126,11 +135,17 @@ pub(super) async fn lifecycle<P: ResourcePlugin>(
         let server = tokio::spawn(serve(listener, service.clone(), serving.clone()));
 
         let mut backoff = LossBackoff::default();
+        // Whether the last registration ended with kubelet going away: said once, then waited
+        // for quietly.
+        let mut gone = false;
         let outcome = loop {
             // Streams opened from here on belong to this registration (kubelet may open one
             // before its Register answer reaches us).
             let before = service.streams.opened();
-            match register_until_done(&kubelet, &service, &cancel, &mut events, inode).await {
+            let registration =
+                register_until_done(&kubelet, &service, &cancel, &mut events, inode, gone);
+            gone = false;
+            match registration.await {
                 Registration::Stopped => break Restart::Stopped,
                 Registration::SocketGone => break Restart::Kubelet,
                 Registration::Done(dialed) => {
@@ -148,9 +163,15 @@ pub(super) async fn lifecycle<P: ResourcePlugin>(
                     )
                     .await;
                     service.report.registered(false);
-                    let Restart::StreamLost = restart else {
-                        break restart;
-                    };
+                    match restart {
+                        Restart::StreamLost => {}
+                        Restart::KubeletGone => {
+                            tracing::info!(resource = %resource.name, kubelet = %kubelet.socket.display(), "kubelet stopped (its socket refuses connections); registering again when it is back");
+                            gone = true;
+                            continue;
+                        }
+                        restart => break restart,
+                    }
                     service.report.stream_lost();
                     let delay = backoff.next(registered.elapsed());
                     tracing::warn!(resource = %resource.name, ?delay, "kubelet's ListAndWatch stream ended while it kept running; registering again");
@@ -207,34 +228,47 @@ async fn retry_bind_after(
 
 /// How a registration attempt ended.
 enum Registration {
-    /// Registered with the kubelet listening on the `kubelet.sock` of this inode.
-    Done(Option<u64>),
+    /// Registered with the kubelet listening on `kubelet.sock`, the file of this identity.
+    Done(Option<SocketId>),
     /// kubelet cleaned the directory while we were starting: serve again.
     SocketGone,
     Stopped,
 }
 
-/// Registers until it succeeds, our socket disappears, or the server is stopped.
+/// The longest wait between two looks at an absent or silent kubelet: when no inotify event
+/// says that kubelet is back (a directory inotify cannot watch, a kubelet that binds its socket
+/// without cleaning), a dial that succeeds is the sign.
+const ABSENT_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// The longest wait between two registrations kubelet answered with an error.
+const REFUSED_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Registers until it succeeds, our socket disappears, or the server is stopped. `gone`: kubelet
+/// was just seen going away (already said): its absence is not logged again.
 async fn register_until_done<P: ResourcePlugin>(
     kubelet: &PluginSockets,
     service: &PluginService<P>,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
     inode: u64,
+    gone: bool,
 ) -> Registration {
     let resource = &service.resource;
     // Short at first: the usual failure is a kubelet caught between creating its socket (which
-    // woke us) and listening on it, a window of microseconds; then doubling up to 5 s.
+    // woke us) and listening on it, a window of microseconds; then doubling up to a cap.
     let mut delay = Duration::from_millis(5);
-    let mut warned = false;
+    // What was last said about this registration: a condition that lasts is logged once, a new
+    // one (another reason from kubelet) again.
+    let mut said: Option<String> = gone.then(|| NOT_LISTENING.to_owned());
     loop {
         if socket_inode(&resource.socket) != Some(inode) {
             return Registration::SocketGone;
         }
+        let mut cap = ABSENT_RETRY_MAX;
         if kubelet.socket.exists() {
             // The Created event of the very kubelet we are about to call may still be queued:
             // only a socket other than this one means a new kubelet.
-            let dialed = socket_inode(&kubelet.socket);
+            let dialed = socket_id(&kubelet.socket);
             let attempt = register::register(
                 &kubelet.socket,
                 &resource.endpoint,
@@ -250,7 +284,7 @@ async fn register_until_done<P: ResourcePlugin>(
                     r = &mut attempt => break Some(r),
                     event = dir::next_event(events) => match event {
                         Some(DirEvent::Created(name))
-                            if kubelet.is_socket(&name) && socket_inode(&kubelet.socket) != dialed =>
+                            if kubelet.is_socket(&name) && socket_id(&kubelet.socket) != dialed =>
                         {
                             tracing::warn!(resource = %resource.name, "kubelet restarted during registration; registering again");
                             break None;
@@ -264,20 +298,36 @@ async fn register_until_done<P: ResourcePlugin>(
             let Some(result) = result else { continue };
             match result {
                 Ok(()) => return Registration::Done(dialed),
-                Err(e) if !warned => {
-                    tracing::warn!(resource = %resource.name, error = %e, "registration failed; retrying");
-                    warned = true;
+                // Nobody listens (a stopped kubelet's socket, left behind): no answer, nothing
+                // refused; kubelet is waited for.
+                Err(e) if !listening(&kubelet.socket).await => {
+                    if said.as_deref() != Some(NOT_LISTENING) {
+                        tracing::info!(resource = %resource.name, kubelet = %kubelet.socket.display(), "kubelet is not listening on its socket; registering when it is");
+                        said = Some(NOT_LISTENING.to_owned());
+                    }
+                    tracing::debug!(resource = %resource.name, error = %e, "registration failed");
                 }
                 Err(e) => {
-                    tracing::debug!(resource = %resource.name, error = %e, "registration failed")
+                    let reason = match &e {
+                        RegisterError::Refused { status, .. } => status.message().to_owned(),
+                        e => e.to_string(),
+                    };
+                    if said.as_ref() != Some(&reason) {
+                        tracing::warn!(resource = %resource.name, kubelet = %kubelet.socket.display(), error = %e, "registration failed; retrying");
+                        said = Some(reason.clone());
+                    } else {
+                        tracing::debug!(resource = %resource.name, error = %e, "registration failed");
+                    }
+                    service.report.registration_failed(&reason);
+                    cap = REFUSED_RETRY_MAX;
                 }
             }
-        } else if !warned {
+        } else if said.is_none() {
             tracing::warn!(resource = %resource.name, kubelet = %kubelet.socket.display(), "kubelet socket absent; waiting for it");
-            warned = true;
+            said = Some(ABSENT.to_owned());
         }
         // Wait for kubelet.sock to (re)appear, with a backoff as a safety net.
-        let deadline = tokio::time::sleep(delay);
+        let deadline = tokio::time::sleep(delay.min(cap));
         tokio::pin!(deadline);
         loop {
             tokio::select! {
@@ -290,24 +340,27 @@ async fn register_until_done<P: ResourcePlugin>(
                 },
             }
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = (delay * 2).min(cap);
     }
 }
 
-/// After registering with the kubelet of `kubelet.sock` inode `dialed`: waits for kubelet to
-/// restart, for a stream opened after `before` to be lost, or for a stop.
+/// What [`register_until_done`] said last, for the conditions that are not kubelet's answers.
+const NOT_LISTENING: &str = "not listening";
+const ABSENT: &str = "absent";
+
+/// After registering with the kubelet of the `kubelet.sock` identified as `dialed`: waits for
+/// kubelet to restart or go away, for a stream opened after `before` to end, or for a stop.
 async fn wait_for_restart<P: ResourcePlugin>(
     kubelet: &PluginSockets,
     service: &PluginService<P>,
     cancel: &CancellationToken,
     events: &mut broadcast::Receiver<DirEvent>,
     inode: u64,
-    dialed: Option<u64>,
+    dialed: Option<SocketId>,
     before: u64,
 ) -> Restart {
     let resource = &service.resource;
     let mut lost = service.streams.lost.subscribe();
-    let mut threshold = before;
     // Events queued before registration finished are history now.
     while events.try_recv().is_ok() {}
     loop {
@@ -316,19 +369,19 @@ async fn wait_for_restart<P: ResourcePlugin>(
         }
         let event = tokio::select! {
             _ = cancel.cancelled() => return Restart::Stopped,
-            ended = lost.wait_for(|n| *n > threshold) => {
-                // The same kubelet: it stopped the endpoint. Another one (or none): its
-                // restart is seen through the directory, as always.
-                if dialed.is_some() && socket_inode(&kubelet.socket) == dialed {
-                    return Restart::StreamLost;
-                }
-                threshold = ended.map(|n| *n).unwrap_or(u64::MAX);
-                continue;
-            }
-            event = dir::next_event(events) => event,
+            // The guard `wait_for` gives is dropped here, before the look at kubelet's socket.
+            _ = lost.wait_for(|n| *n > before) => None,
+            event = dir::next_event(events) => Some(event),
+        };
+        let Some(event) = event else {
+            return why_stream_ended(kubelet, &resource.socket, inode, dialed).await;
         };
         match event {
-            Some(DirEvent::Created(name)) if kubelet.is_socket(&name) => {
+            // A Created event of the socket registered with (its inotify event arriving after
+            // the registration) is no new kubelet: one registration per kubelet.
+            Some(DirEvent::Created(name))
+                if kubelet.is_socket(&name) && socket_id(&kubelet.socket) != dialed =>
+            {
                 return Restart::Kubelet;
             }
             // kubelet went away: our registration went with it, until the next kubelet.
@@ -346,6 +399,41 @@ async fn wait_for_restart<P: ResourcePlugin>(
     }
 }
 
+/// Why kubelet's latest stream on `socket` (ours, bound as `inode`) ended. kubelet gone (its
+/// socket refuses connections, whatever file is there): it is waited for. A new kubelet (it
+/// removes every plugin socket before it listens, and binds `kubelet.sock` anew): serve again.
+/// Else the kubelet registered with dropped the stream while it kept running.
+async fn why_stream_ended(
+    kubelet: &PluginSockets,
+    socket: &Path,
+    inode: u64,
+    dialed: Option<SocketId>,
+) -> Restart {
+    if socket_inode(socket) != Some(inode) {
+        return Restart::Kubelet;
+    }
+    if !listening(&kubelet.socket).await {
+        return Restart::KubeletGone;
+    }
+    if socket_inode(socket) != Some(inode) || socket_id(&kubelet.socket) != dialed {
+        return Restart::Kubelet;
+    }
+    Restart::StreamLost
+}
+
+/// How long a dial of kubelet's socket may take before kubelet counts as there but busy (a
+/// full accept queue).
+const DIAL_PROBE: Duration = Duration::from_secs(1);
+
+/// Whether something accepts connections on `socket`: the one sign that kubelet runs, since a
+/// stopped kubelet leaves its socket file behind.
+async fn listening(socket: &Path) -> bool {
+    match tokio::time::timeout(DIAL_PROBE, UnixStream::connect(socket)).await {
+        Ok(Ok(_)) | Err(_) => true,
+        Ok(Err(_)) => false,
+    }
+}
+
 /// Runs the gRPC server on `listener` until `stop`; streams end first so shutdown is prompt.
 async fn serve<P: ResourcePlugin>(
     listener: UnixListener,
@@ -356,9 +444,11 @@ async fn serve<P: ResourcePlugin>(
         stop: stop.clone(),
         ..service
     };
+    // kubelet's device-plugin client sends `localhost`; other clients' authorities are accepted
+    // as on every socket kubelet dials (crate::authority).
     let result = tonic::transport::Server::builder()
         .add_service(DevicePluginServer::new(service))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled_owned())
+        .serve_with_incoming_shutdown(crate::authority::incoming(listener), stop.cancelled_owned())
         .await;
     if let Err(e) = result {
         tracing::error!(error = %e, "device plugin server failed");
@@ -376,4 +466,14 @@ fn bind(socket: &Path) -> std::io::Result<UnixListener> {
 
 fn socket_inode(path: &Path) -> Option<u64> {
     std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
+/// A file told apart from another at the same path, also when a new one gets the inode number
+/// of a removed one back: its device, inode and change time.
+type SocketId = (u64, u64, i64, i64);
+
+fn socket_id(path: &Path) -> Option<SocketId> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }

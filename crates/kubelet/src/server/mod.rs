@@ -2,9 +2,13 @@
 //!
 //! [`ResourceServer::start`] spawns the task that owns the resource's socket. The task serves, then
 //! registers with kubelet (retrying while kubelet is absent: it waits for `kubelet.sock` to appear
-//! rather than sleeping), then waits. When kubelet restarts (its socket is recreated) or our socket
-//! is deleted (kubelet's cleanup), it serves again and re-registers at once. When kubelet's
-//! ListAndWatch stream ends while both sides keep running (same socket, same `kubelet.sock`), it
+//! or to accept connections rather than sleeping; a registration kubelet answers with an error is
+//! logged with kubelet's reason, reported, and retried with a backoff), then waits. When kubelet
+//! restarts (its socket is recreated) or our socket is deleted (kubelet's cleanup), it serves again
+//! and re-registers at once. When the stream ends because kubelet stopped (its socket, which a
+//! stopping kubelet leaves in place, refuses connections), it waits for the next kubelet and
+//! registers once. When kubelet's ListAndWatch stream ends while both sides keep running (same
+//! socket, `kubelet.sock` still accepting), it
 //! registers again at once, with a backoff if that keeps happening: kubelet has then marked every
 //! device unhealthy and stopped the endpoint, calls ListAndWatch on it never again, and drops the
 //! resource after 5 minutes (`endpointStopGracePeriod`); only a new registration replaces the
@@ -114,9 +118,20 @@ impl<P: ResourcePlugin> ResourceServer<P> {
         &self.plugin
     }
 
-    /// Replaces the device list; every open ListAndWatch stream sends it. Never blocks.
+    /// Replaces the devices; every open ListAndWatch stream sends their list when it differs
+    /// from the one before. Never blocks.
+    ///
+    /// What kubelet sees of the devices is their list (ids, health, topology); what else changed
+    /// (a device's mounts, say) is answered from the new devices on the next Allocate without a
+    /// list sent for nothing: a scanner that changes only that, over and over, must not flood
+    /// kubelet with identical lists.
     pub fn update(&self, devices: Arc<P::Devices>) {
-        self.devices.send_replace(devices);
+        let list = P::list(&devices);
+        self.devices.send_if_modified(|current| {
+            let changed = P::list(current) != list;
+            *current = devices;
+            changed
+        });
     }
 
     /// Stops serving: streams end, the socket is removed. Returns once all of that is done.
@@ -198,6 +213,8 @@ mod tests {
     #[derive(Default)]
     struct Reports {
         registered: Mutex<Vec<bool>>,
+        failures: Mutex<Vec<String>>,
+        losses: std::sync::atomic::AtomicU64,
         allocated: Mutex<Vec<bool>>,
     }
 
@@ -205,7 +222,13 @@ mod tests {
         fn registered(&self, registered: bool) {
             self.registered.lock().unwrap().push(registered);
         }
-        fn stream_lost(&self) {}
+        fn registration_failed(&self, reason: &str) {
+            self.failures.lock().unwrap().push(reason.to_owned());
+        }
+        fn stream_lost(&self) {
+            self.losses
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         fn allocated(&self, _: Duration, ok: bool) {
             self.allocated.lock().unwrap().push(ok);
         }
@@ -269,6 +292,15 @@ mod tests {
             ["a", "b"]
         );
 
+        // Devices whose list is the same are served without a list sent: the next list seen
+        // is the one after them.
+        server.update(Arc::new(vec!["a".into(), "b".into()]));
+        server.update(Arc::new(vec!["a".into(), "b".into(), "c".into()]));
+        assert_eq!(
+            next_list(&mut observed, "example.com/ids").await,
+            ["a", "b", "c"]
+        );
+
         // Allocate reaches the plugin with the list as it is now; its refusal is kubelet's error.
         let answer = kubelet.allocate("example.com/ids", &["b"]).await.unwrap();
         assert_eq!(answer.container_responses[0].envs["ID"], "b");
@@ -283,6 +315,131 @@ mod tests {
         server.stop().await;
         assert!(!socket.exists(), "stopping removes the socket");
         assert_eq!(*reports.registered.lock().unwrap(), [true, false]);
+        kubelet.stop().await;
+    }
+
+    /// The registrations of `resource` among the events queued in `observed` (drained).
+    fn registrations(observed: &mut mpsc::UnboundedReceiver<Observed>, resource: &str) -> usize {
+        let mut n = 0;
+        while let Ok(event) = observed.try_recv() {
+            if matches!(&event, Observed::Registered { resource: r, .. } if r == resource) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Polls `done` every 10 ms for up to 10 s.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not within 10 s: {what}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kubelet_that_stops_is_waited_for_and_no_stream_is_counted_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("device-plugins");
+        let (mut kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+        let sockets = Arc::new(PluginSockets {
+            dir: PluginDir::watch(&plugins).unwrap(),
+            socket: plugins.join(crate::KUBELET_SOCKET_NAME),
+        });
+        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
+        let reports = Arc::new(Reports::default());
+        let server = ResourceServer::start(
+            sockets,
+            resource,
+            Arc::new(vec!["a".to_string()]),
+            Ids,
+            reports.clone(),
+        );
+        let registered = |n: usize| {
+            let reports = reports.clone();
+            move || {
+                let r = reports.registered.lock().unwrap();
+                r.len() == n && r.last() == Some(&true)
+            }
+        };
+        assert_eq!(next_list(&mut observed, "example.com/ids").await, ["a"]);
+        until("registered", registered(1)).await;
+
+        // Stopped (SIGTERM), then killed: either way kubelet.sock stays, refusing connections.
+        for (round, killed) in [false, true].into_iter().enumerate() {
+            if killed {
+                kubelet.crash().await;
+            } else {
+                kubelet.stop().await;
+            }
+            assert!(plugins.join("kubelet.sock").exists());
+            until("kubelet's departure seen", || {
+                reports.registered.lock().unwrap().len() == 2 * round + 2
+            })
+            .await;
+            (kubelet, observed) = StandIn::start(&plugins).unwrap();
+            until("registered again", registered(2 * round + 3)).await;
+            until("listed", || {
+                kubelet.health("example.com/ids", "a").is_some()
+            })
+            .await;
+            assert_eq!(registrations(&mut observed, "example.com/ids"), 1);
+        }
+        assert_eq!(reports.losses.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(*reports.failures.lock().unwrap(), Vec::<String>::new());
+
+        // A stream kubelet drops while it runs: a loss, and one registration.
+        assert!(kubelet.cut_stream("example.com/ids"));
+        until("registered after the cut", registered(7)).await;
+        assert_eq!(registrations(&mut observed, "example.com/ids"), 1);
+        assert_eq!(reports.losses.load(std::sync::atomic::Ordering::SeqCst), 1);
+        server.stop().await;
+        kubelet.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_registration_kubelet_refuses_is_reported_with_its_reason_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("device-plugins");
+        let (kubelet, _observed) = StandIn::start(&plugins).unwrap();
+        kubelet.refuse(Some("no room for example.com/ids".into()));
+        let sockets = Arc::new(PluginSockets {
+            dir: PluginDir::watch(&plugins).unwrap(),
+            socket: plugins.join(crate::KUBELET_SOCKET_NAME),
+        });
+        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
+        let reports = Arc::new(Reports::default());
+        let server = ResourceServer::start(
+            sockets,
+            resource,
+            Arc::new(vec!["a".to_string()]),
+            Ids,
+            reports.clone(),
+        );
+        until("refused twice", || {
+            reports.failures.lock().unwrap().len() >= 2
+        })
+        .await;
+        assert!(
+            reports
+                .failures
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|r| r == "no room for example.com/ids"),
+            "kubelet's own words"
+        );
+        assert!(reports.registered.lock().unwrap().is_empty());
+        // kubelet takes it now: the retry goes through.
+        kubelet.refuse(None);
+        until("registered", || {
+            *reports.registered.lock().unwrap() == [true]
+        })
+        .await;
+        server.stop().await;
         kubelet.stop().await;
     }
 }

@@ -10,8 +10,16 @@ pub trait ServerReport: Send + Sync + 'static {
     /// resource is usable by pods only while registered.
     fn registered(&self, registered: bool);
 
+    /// kubelet answered the registration with an error (or not in time): `reason` is kubelet's
+    /// own message where it gave one. The server retries with a backoff; the reason holds until
+    /// the next [`ServerReport::registered`]`(true)`, for whoever shows why the resource is not
+    /// usable. A kubelet that is merely not running is no failure: nothing is reported then.
+    fn registration_failed(&self, reason: &str);
+
     /// kubelet's ListAndWatch stream ended while kubelet kept running: the server registers
-    /// again, since kubelet will not call ListAndWatch on the old endpoint again.
+    /// again, since kubelet will not call ListAndWatch on the old endpoint again. A stream that
+    /// ends because kubelet stopped (its socket refuses connections) is no loss: kubelet's next
+    /// start is followed by one registration, as after any restart.
     fn stream_lost(&self);
 
     /// One Allocate call answered (`ok`) or failed, after `elapsed`: the latency pods wait on.

@@ -19,6 +19,12 @@
 //!   `probe` does: one `read-files` call over [`BATCH_READS`] (annotation `read-<i>` per path:
 //!   a path that was read `LEAKED: <excerpt>`, except `/sys/ok`, reported `read: <contents>`),
 //!   then `list-dir` of each of [`BATCH_LISTS`] (`list-<i>`, `LEAKED` when an entry comes back).
+//! * the attacks on the time, threads and memory of the host's filesystem calls:
+//!   [`hostfs_attacks`].
+//! * `giant-capacity`, `wide-text`, `attribute-flood`, `many-devices`: attacks on the output
+//!   policy through `notify-with-attributes`, in [`output_attacks`].
+
+mod hostfs_attacks;
 
 use std::fmt::Display;
 use std::fs::{self, OpenOptions};
@@ -26,8 +32,10 @@ use std::hint::black_box;
 use std::io::{Read, Write};
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify};
 
+pub mod output_attacks;
+
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 11] = [
+pub const ATTACKS: [&str; 15] = [
     "probe",
     "memory",
     "spin",
@@ -39,6 +47,10 @@ pub const ATTACKS: [&str; 11] = [
     "raw-out-of-bounds",
     "raw-bad-utf8",
     "batch-probe",
+    "giant-capacity",
+    "wide-text",
+    "attribute-flood",
+    "many-devices",
 ];
 
 /// The paths `batch-probe` reads in one `read-files` call: every way out of /sys a single read
@@ -520,6 +532,9 @@ struct Hostile;
 
 impl wdp_guest::Scanner for Hostile {
     fn scan() -> Result<(), String> {
+        if let Some(outcome) = hostfs_attacks::run() {
+            return outcome;
+        }
         let attack = config::env_choice("ATTACK", "probe", &ATTACKS)?;
         match attack {
             "probe" => {
@@ -558,6 +573,7 @@ impl wdp_guest::Scanner for Hostile {
                 raw_notify_attack(attack);
                 Err("LEAKED: the host accepted an unliftable notify".into())
             }
+            a if output_attacks::OUTPUT_ATTACKS.contains(&a) => output_attacks::run(a),
             "notify-then-spin" => {
                 notify(&single("before", "x"));
                 spin()

@@ -1,0 +1,265 @@
+//! Guests that attack the output policy through `notify-with-attributes`: attributes too large
+//! for what Kubernetes accepts are refused by their rule, a flood of notifies that changes only
+//! attributes reaches kubelet as a bounded number of updates, and four guests notifying 16,384
+//! devices with attributes, over and over, keep the host's memory within a stated bound. Through
+//! each, another scanner keeps being served.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use wdp::metrics::ScannerMetrics;
+use wdp::sandbox::{Guest, GuestLimits};
+use wdp::scanner::{RestartPolicy, Scanner, ScannerEvent, supervise};
+use wdp_kubelet::standin::{Observed, StandIn};
+use wdp_tests::fixture::Fixture;
+use wdp_tests::host::Host;
+use wdp_tests::{guest, healthy_kvm, ids, sandbox};
+
+async fn next(rx: &mut mpsc::Receiver<ScannerEvent>, what: &str) -> ScannerEvent {
+    tokio::time::timeout(Duration::from_secs(60), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no event"))
+        .unwrap_or_else(|| panic!("{what}: channel closed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attributes_past_what_kubernetes_accepts_are_refused_by_their_rule() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let sandbox = sandbox(&f);
+    let mut kvm = healthy_kvm(&sandbox).await;
+    let component = sandbox.load(&guest("hostile")).await.unwrap();
+    // (attack, the rule that must refuse it): a 28 MB capacity is past `max-string-bytes`,
+    // refused before the tree is copied; a 64-character text of 256 bytes is past the 64 bytes
+    // the API server allows.
+    for (attack, rule) in [
+        ("giant-capacity", "max-string-bytes"),
+        ("wide-text", "attribute-string-length"),
+    ] {
+        let metrics = Arc::new(ScannerMetrics::default());
+        let scanner = Scanner {
+            guest: Guest {
+                // Room for the giant capacity: the policy, not the memory cap, must stop it.
+                limits: GuestLimits {
+                    memory: 256 << 20,
+                    call_timeout: Duration::from_secs(10),
+                },
+                metrics: metrics.clone(),
+                ..Guest::new(
+                    &format!("hostile-{attack}"),
+                    vec![("ATTACK".into(), attack.into())],
+                )
+            },
+            policy: Default::default(),
+            pre: component.scanner().unwrap(),
+        };
+        let (tx, mut rx) = mpsc::channel(4);
+        let task = tokio::spawn(supervise(
+            sandbox.clone(),
+            scanner,
+            RestartPolicy::Never,
+            tx,
+        ));
+        match next(&mut rx, attack).await {
+            ScannerEvent::Tree(t) => assert_eq!(ids(&t, "good"), ["g"], "{attack}"),
+            other => panic!("{attack}: expected the good tree first, got {other:?}"),
+        }
+        match next(&mut rx, attack).await {
+            ScannerEvent::Refused(e) => assert_eq!(e.rule(), rule, "{attack}: refused for {e}"),
+            other => panic!("{attack}: expected a refusal, got {other:?}"),
+        }
+        assert_eq!(ScannerMetrics::get(&metrics.trees_refused), 1, "{attack}");
+        task.abort();
+    }
+    // Through all of that the healthy scanner kept working.
+    f.char_dev("fuse", 10, 229);
+    assert_eq!(ids(&kvm.next_tree().await, "fuse"), ["fuse-0"]);
+}
+
+/// Waits until `done` holds for the device lists the stand-in reported (each resource's latest
+/// list and how many lists it sent), failing after `timeout` with what was seen.
+async fn until_lists(
+    observed: &mut mpsc::UnboundedReceiver<Observed>,
+    lists: &mut BTreeMap<String, (usize, Vec<String>)>,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&BTreeMap<String, (usize, Vec<String>)>) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !done(lists) {
+        let seen = || {
+            lists
+                .iter()
+                .map(|(r, (n, ids))| format!("{r}: {n} lists, the last of {} ids", ids.len()))
+                .collect::<Vec<_>>()
+        };
+        match tokio::time::timeout_at(deadline, observed.recv()).await {
+            Ok(Some(Observed::Devices {
+                resource, devices, ..
+            })) => {
+                let entry = lists.entry(resource).or_default();
+                entry.0 += 1;
+                entry.1 = devices.into_iter().map(|d| d.id).collect();
+                entry.1.sort();
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("{what}: the stand-in stopped; seen {:?}", seen()),
+            Err(_) => panic!("{what}: not within {timeout:?}; seen {:?}", seen()),
+        }
+    }
+}
+
+fn scanner_config(name: &str, namespace: &str, env: &str, memory: &str) -> String {
+    format!(
+        "  - name: {name}
+    component: {hostile}
+    namespace: {namespace}
+    env: {{ {env} }}
+    limits: {{ memory: {memory} }}
+",
+        hostile = guest("hostile").display(),
+    )
+}
+
+fn kvm_config() -> String {
+    format!(
+        "  - name: kvm
+    component: {kvm}
+    namespace: devices.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+",
+        kvm = guest("kvm").display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_attribute_changes_sends_kubelet_a_bounded_number_of_lists() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n{}{}",
+        kvm_config(),
+        scanner_config(
+            "flood",
+            "flood.example.com",
+            "ATTACK: attribute-flood, FLOOD: 100000",
+            "16Mi"
+        ),
+    ));
+    let plugins = f.plugin_dir();
+    let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+    let host = Host::start(&config, &plugins, &f);
+    let mut lists = BTreeMap::new();
+    // The guest's last tree adds `done` after 100,000 notifies of [x] with one attribute
+    // changed: kubelet sees [x] (and [done, x] at the end), not an update per notify.
+    until_lists(
+        &mut observed,
+        &mut lists,
+        Duration::from_secs(120),
+        "the flood's last list",
+        |l| {
+            l.get("flood.example.com/flood")
+                .is_some_and(|(_, ids)| ids == &["done", "x"])
+        },
+    )
+    .await;
+    let sent = lists["flood.example.com/flood"].0;
+    assert!(
+        sent <= 3,
+        "kubelet got {sent} lists of the flood's resource; [x] then [done, x] was all there was to say"
+    );
+    // Another scanner is served meanwhile and after.
+    f.char_dev("fuse", 10, 229);
+    until_lists(
+        &mut observed,
+        &mut lists,
+        Duration::from_secs(20),
+        "the kvm scanner's hot-plugged device",
+        |l| {
+            l.get("devices.example.com/fuse")
+                .is_some_and(|(_, ids)| ids == &["fuse-0"])
+        },
+    )
+    .await;
+    let log = host.log();
+    assert!(host.terminate().await.success(), "{log}");
+    kubelet.stop().await;
+}
+
+/// The peak resident set of process `pid`, in KiB (`VmHWM`).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status:\n{status}"))
+}
+
+/// The host's memory bound under this attack: a base of 64 MiB for the host itself (the
+/// runtime, the compiled guests, the other scanner) and four times each guest's limit (16 MiB,
+/// as the shipped ConfigMap gives): the guest's own memory, and at most one tree of each stage
+/// of its data path (the pending tree as lifted from the guest, the one being validated, the one
+/// served), each about the size of what the guest built in its memory, or less. 320 MiB; before
+/// notifies were coalesced and attributes kept compactly, the same attack peaked past 470 MiB.
+const MEMORY_BOUND_KIB: u64 = (64 + 4 * 4 * 16) << 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_guests_of_16384_devices_with_attributes_keep_the_host_in_its_memory_bound() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let mut scanners = kvm_config();
+    for i in 0..4 {
+        scanners.push_str(&scanner_config(
+            &format!("many{i}"),
+            &format!("many{i}.example.com"),
+            "ATTACK: many-devices, DEVICES: 16384, ROUNDS: 8",
+            "16Mi",
+        ));
+    }
+    let config = f.write_config(&format!("scanners:\n{scanners}"));
+    let plugins = f.plugin_dir();
+    let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+    let host = Host::start(&config, &plugins, &f);
+    let mut lists = BTreeMap::new();
+    // Each guest's last tree has `done` among its 16,384 devices: served, all four.
+    until_lists(
+        &mut observed,
+        &mut lists,
+        Duration::from_secs(300),
+        "every guest's last tree",
+        |l| {
+            (0..4).all(|i| {
+                l.get(&format!("many{i}.example.com/many"))
+                    .is_some_and(|(_, ids)| ids.len() == 16_384 && ids.contains(&"done".into()))
+            })
+        },
+    )
+    .await;
+    let peak = peak_rss_kib(host.pid());
+    // Another scanner is served meanwhile and after.
+    f.char_dev("fuse", 10, 229);
+    until_lists(
+        &mut observed,
+        &mut lists,
+        Duration::from_secs(30),
+        "the kvm scanner's hot-plugged device",
+        |l| {
+            l.get("devices.example.com/fuse")
+                .is_some_and(|(_, ids)| ids == &["fuse-0"])
+        },
+    )
+    .await;
+    assert!(
+        peak <= MEMORY_BOUND_KIB,
+        "the host peaked at {} MiB, past its bound of {} MiB",
+        peak >> 10,
+        MEMORY_BOUND_KIB >> 10
+    );
+    eprintln!("peak RSS: {} MiB", peak >> 10);
+    let log = host.log();
+    assert!(host.terminate().await.success(), "{log}");
+    kubelet.stop().await;
+}
