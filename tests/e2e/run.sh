@@ -647,6 +647,7 @@ run_dp() {
     # The DaemonSet rolled to a new image tag: running pods keep their devices and CDI specs.
     local old_pod
     old_pod=$(wdp_pod)
+    k -n wdp-system logs "$old_pod" >"$T/wdp-dp-before-rollout.log" 2>&1
     if apply_deploy dp e2e-2 && poll 120 sh -c "[ \"\$('$kubectl_bin' --kubeconfig '$T/admin.kubeconfig' -n wdp-system get pods -l app.kubernetes.io/name=wdp -o jsonpath='{.items[*].spec.containers[0].image}')\" = localhost/wdp:e2e-2 ]" && poll 120 rollout_done; then
         local exec_out new_names
         exec_out=$(k exec dp-kvm -- /probe /dev/kvm 2>&1 | tr '\n' ' ')
