@@ -5,6 +5,8 @@
 #   make image  build the shipped image (Containerfile) with podman: localhost/wdp:VERSION
 #   make release  dist/: the image archive, the signed scanners, an SBOM, checksums, deploy/
 #               pinned to VERSION (docs/versioning.md)
+#   make e2e KUBE_BIN_DIR=DIR  run wdp's image and deploy/ in a real single-node cluster made of
+#               the Kubernetes binaries in DIR (tests/e2e/run.sh); not part of `make test`
 # Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
 # guest toolchains: scripts/setup-toolchains.sh) on a fresh machine.
 
@@ -28,7 +30,7 @@ TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman setup-registry image release build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
+.PHONY: all setup setup-rust setup-podman setup-registry image release e2e build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
 
 all: build
 
@@ -111,6 +113,16 @@ release: rust-guests setup-podman setup-registry
 	$(if $(filter target/debug/wdp,$(RELEASE_BINARY)),$(CARGO) build --locked -p wdp --bin wdp)
 	@[ -x $(TOOLS)/bin/cargo-cyclonedx ] || CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) install --quiet --locked --debug --root $(TOOLS) cargo-cyclonedx --version $(CARGO_CYCLONEDX_VERSION)
 	CARGO_CYCLONEDX=$(TOOLS)/bin/cargo-cyclonedx scripts/release.sh --binary $(RELEASE_BINARY) --key $(SIGN_KEY) $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_INSECURE),--insecure)
+
+## e2e: the real-cluster suite (tests/e2e/run.sh, README: Real-cluster e2e): the image
+## scripts/image.sh builds from target/debug/wdp, and deploy/ with and without deploy/dra/, in a
+## single-node cluster on 127.0.0.1 of the kubelet, kube-apiserver, kube-scheduler,
+## kube-controller-manager and kubectl in KUBE_BIN_DIR, with Debian's etcd, containerd and runc
+## (installed if missing). Runs as root; without KUBE_BIN_DIR it says what it needs and skips.
+KUBE_BIN_DIR ?=
+e2e:
+	@if [ -z "$(KUBE_BIN_DIR)" ]; then tests/e2e/run.sh; else \
+		$(MAKE) --no-print-directory rust-guests wdp setup-podman && KUBE_BIN_DIR="$(KUBE_BIN_DIR)" tests/e2e/run.sh; fi
 
 ## host: build the wdp binary and the test targets in one go (dev profile, with an optimised
 ## wasm compiler): one feature resolution for both, so `make test` never compiles wasmtime twice
