@@ -157,7 +157,14 @@ pub struct StandIn {
     /// Closes the listener on `kubelet.sock`.
     serving: CancellationToken,
     task: Option<JoinHandle<()>>,
+    /// The listening socket itself, kept past the server's end by [`StandIn::stop`] for as long
+    /// as a kubelet's exiting process keeps it.
+    listening: Option<std::os::fd::OwnedFd>,
 }
+
+/// How long the stand-in's listening socket outlives its streams on [`StandIn::stop`]: a real
+/// kubelet's, as seen on a node (its streams ended 27 ms before its socket refused connections).
+const EXIT_LINGER: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl Drop for StandIn {
     fn drop(&mut self) {
@@ -174,6 +181,10 @@ impl StandIn {
         cleanup_plugin_dir(plugin_dir)?;
         let socket = plugin_dir.join(KUBELET_SOCKET_NAME);
         let listener = UnixListener::bind(&socket)?;
+        let listening = {
+            use std::os::fd::AsFd;
+            listener.as_fd().try_clone_to_owned()?
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let plugins = Arc::new(Mutex::new(HashMap::new()));
         let cancel = CancellationToken::new();
@@ -212,6 +223,7 @@ impl StandIn {
                 cancel,
                 serving,
                 task: Some(task),
+                listening: Some(listening),
             },
             rx,
         ))
@@ -454,17 +466,21 @@ impl StandIn {
         self.checkpoint.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Ends like kubelet going down (SIGTERM): its listener closes, then the plugin
-    /// connections; `kubelet.sock` stays behind, refusing connections, until the next kubelet's
-    /// cleanup, as a real kubelet leaves it.
+    /// Ends like kubelet going down (SIGTERM): its server stops answering, then the plugin
+    /// connections end, then its socket closes; `kubelet.sock` stays behind, refusing
+    /// connections, until the next kubelet's cleanup, as a real kubelet leaves it.
     pub async fn stop(mut self) {
-        // The listener first: a plugin that sees its stream end finds kubelet gone, as it does
-        // when kubelet's process ends.
+        // As kubelet's process ends: nothing answers on `kubelet.sock` any more, its connections
+        // (the plugins' ListAndWatch streams) end, and for a few milliseconds more the socket
+        // still queues the connections plugins make (the kernel completes them; nobody answers),
+        // until it closes with the process and they are reset. The file stays.
         self.serving.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
         self.cancel.cancel();
+        tokio::time::sleep(EXIT_LINGER).await;
+        self.listening.take();
         self.plugins().clear();
     }
 

@@ -421,15 +421,32 @@ async fn why_stream_ended(
     Restart::StreamLost
 }
 
-/// How long a dial of kubelet's socket may take before kubelet counts as there but busy (a
-/// full accept queue).
+/// How long kubelet may take to answer an HTTP/2 handshake on its socket before it counts as
+/// there but busy (a full accept queue, a loaded machine).
 const DIAL_PROBE: Duration = Duration::from_secs(1);
 
-/// Whether something accepts connections on `socket`: the one sign that kubelet runs, since a
-/// stopped kubelet leaves its socket file behind.
+/// The client's HTTP/2 connection preface and an empty SETTINGS frame: what any gRPC client
+/// sends first, and what kubelet's gRPC server answers with its own SETTINGS.
+const HTTP2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+
+/// Whether a running kubelet serves `socket`: the one sign that kubelet runs, since a stopped
+/// kubelet leaves its socket file behind. A connect alone is not enough: while kubelet's process
+/// exits, its streams end before its listening socket closes, and the kernel still completes
+/// connections into that socket's queue for those milliseconds; nobody answers them, and they are
+/// reset when the socket closes. So the probe waits for kubelet's HTTP/2 server to answer.
 async fn listening(socket: &Path) -> bool {
-    match tokio::time::timeout(DIAL_PROBE, UnixStream::connect(socket)).await {
-        Ok(Ok(_)) | Err(_) => true,
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut conn = UnixStream::connect(socket).await?;
+        conn.write_all(HTTP2_HELLO).await?;
+        // The first frame header of the answer: a server that reads the preface sends its
+        // SETTINGS; a dying process's queued connection reads end-of-file or a reset instead.
+        let mut header = [0u8; 9];
+        conn.read_exact(&mut header).await?;
+        Ok::<(), std::io::Error>(())
+    };
+    match tokio::time::timeout(DIAL_PROBE, probe).await {
+        Ok(Ok(())) | Err(_) => true,
         Ok(Err(_)) => false,
     }
 }
