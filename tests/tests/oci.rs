@@ -144,7 +144,8 @@ async fn push_pull_run_and_survive_the_registry_going_down() {
     );
     assert!(host.terminate().await.success());
     kubelet2.stop().await;
-    assert_eq!(sockets(&plugins), Vec::<String>::new());
+    // wdp removed its sockets; kubelet's stays behind, as a real kubelet leaves it.
+    assert_eq!(sockets(&plugins), ["kubelet.sock"]);
 }
 
 #[test]
