@@ -13,11 +13,8 @@
 //! - the latest is never lost: it is taken when the interval ends, whatever the guest does
 //!   meanwhile, and when the guest's scan ends the supervisor takes what is left.
 //!
-//! The host holds at most one pending tree per scanner, whatever the guest's pace, and a tree a
-//! notify replaces is dropped at once. A large tree (its host form, [`crate::footprint`], past a
-//! quarter of the guest's memory limit) is not left pending while the guest builds the next: the
-//! guest waits in `notify` until it is taken and validated, so the host never holds two large
-//! lifted trees of one guest at once. Small trees never make the guest wait past their interval.
+//! The host holds at most one pending tree per scanner, whatever the guest's pace: the guest never
+//! waits in `notify`, and a tree it replaces is dropped at once.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -63,17 +60,13 @@ impl Slot {
     }
 }
 
-/// A coalescing pair for one scanner instance whose guest may use `memory` bytes: the sink its
-/// store is given, and the supervisor's end.
-pub fn coalescing(memory: usize, metrics: Arc<ScannerMetrics>) -> (NotifySink, Latest) {
-    coalescing_every(NOTIFY_INTERVAL, memory, metrics)
+/// A coalescing pair for one scanner instance: the sink its store is given, and the supervisor's
+/// end.
+pub fn coalescing(metrics: Arc<ScannerMetrics>) -> (NotifySink, Latest) {
+    coalescing_every(NOTIFY_INTERVAL, metrics)
 }
 
-fn coalescing_every(
-    interval: Duration,
-    memory: usize,
-    metrics: Arc<ScannerMetrics>,
-) -> (NotifySink, Latest) {
+fn coalescing_every(interval: Duration, metrics: Arc<ScannerMetrics>) -> (NotifySink, Latest) {
     let slot = Arc::new(Slot {
         interval,
         state: Mutex::default(),
@@ -83,7 +76,6 @@ fn coalescing_every(
     (
         NotifySink {
             slot: slot.clone(),
-            large: memory / 4,
             metrics,
         },
         Latest { slot },
@@ -93,8 +85,6 @@ fn coalescing_every(
 /// The sandbox's end: keeps the latest notified tree.
 pub struct NotifySink {
     slot: Arc<Slot>,
-    /// From this host size on, a tree is large: the guest waits until it is taken.
-    large: usize,
     metrics: Arc<ScannerMetrics>,
 }
 
@@ -106,7 +96,6 @@ impl TreeSink for NotifySink {
     ) -> BoxFuture<'_, Result<(), SinkClosed>> {
         // The scan that began at the guest's last wake-up ends here, whenever it is validated.
         self.metrics.notified();
-        let large = crate::footprint::lifted_bytes(&tree, &attributes) > self.large;
         let (replaced, due) = {
             let mut state = self.slot.state();
             if state.closed {
@@ -124,12 +113,11 @@ impl TreeSink for NotifySink {
         // Dropped outside the lock: a large tree takes a while to free.
         drop(replaced);
         self.slot.notified.notify_one();
-        if !due && !large {
+        if !due {
             return Box::pin(async { Ok(()) });
         }
         // The first tree after a quiet interval goes out at once: the guest waits until it is
-        // taken, so its next notify cannot replace it first. A large tree is waited for too: the
-        // guest's next tree is lifted only once this one is validated and freed.
+        // taken, so its next notify cannot replace it first.
         let slot = self.slot.clone();
         Box::pin(async move {
             loop {
@@ -234,8 +222,7 @@ mod tests {
     async fn a_burst_reaches_its_taker_as_its_latest_tree() {
         let metrics = Arc::new(ScannerMetrics::default());
         // An interval no test outlasts: every notify after the first is in its burst.
-        let (mut sink, mut latest) =
-            coalescing_every(Duration::from_secs(3600), usize::MAX, metrics.clone());
+        let (mut sink, mut latest) = coalescing_every(Duration::from_secs(3600), metrics.clone());
         // The first notify is ready at once, and returns once it is taken.
         let (notified, taken) = tokio::join!(sink.notify(tree("a"), vec![]), async {
             latest.ready().now_or_never().expect("ready at once");
@@ -260,7 +247,7 @@ mod tests {
     #[tokio::test]
     async fn after_a_quiet_interval_a_tree_is_taken_at_once() {
         let interval = Duration::from_millis(20);
-        let (mut sink, mut latest) = coalescing_every(interval, usize::MAX, Arc::default());
+        let (mut sink, mut latest) = coalescing_every(interval, Arc::default());
         for name in ["a", "b"] {
             let (notified, taken) = tokio::join!(sink.notify(tree(name), vec![]), async {
                 latest.ready().now_or_never().expect("ready at once");
@@ -274,8 +261,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_wait_loses_nothing() {
-        let (mut sink, mut latest) =
-            coalescing_every(Duration::from_secs(3600), usize::MAX, Arc::default());
+        let (mut sink, mut latest) = coalescing_every(Duration::from_secs(3600), Arc::default());
         tokio::join!(sink.notify(tree("a"), vec![]), async {
             latest.ready().await;
             latest.take()
@@ -287,38 +273,5 @@ mod tests {
         // is still there for the last take.
         assert!(latest.ready().now_or_never().is_none());
         assert_eq!(id(latest.take()), "b");
-    }
-
-    /// A large tree is not left pending while the guest builds its next one: its notify
-    /// returns only once it is taken, even within the interval.
-    #[tokio::test]
-    async fn a_large_tree_is_taken_before_the_guest_goes_on() {
-        let memory = 4 * crate::footprint::lifted_bytes(&tree("a"), &[]) - 1;
-        let (mut sink, mut latest) =
-            coalescing_every(Duration::from_secs(3600), memory, Arc::default());
-        tokio::join!(sink.notify(tree("a"), vec![]), async {
-            latest.ready().await;
-            latest.take()
-        })
-        .0
-        .unwrap();
-        // Within the interval: not returned while pending, returned once taken.
-        let mut notified = sink.notify(tree("b"), vec![]);
-        assert!((&mut notified).now_or_never().is_none());
-        assert_eq!(id(latest.take()), "b");
-        notified.await.unwrap();
-        // A tree of a quarter of the guest's memory or less is coalesced as ever.
-        let (mut sink, mut latest) =
-            coalescing_every(Duration::from_secs(3600), memory + 1, Arc::default());
-        tokio::join!(sink.notify(tree("c"), vec![]), async {
-            latest.ready().await;
-            latest.take()
-        })
-        .0
-        .unwrap();
-        sink.notify(tree("d"), vec![])
-            .now_or_never()
-            .expect("returns at once")
-            .unwrap();
     }
 }

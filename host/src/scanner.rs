@@ -223,8 +223,7 @@ async fn run_once(sandbox: &Sandbox, scanner: &Scanner, mut sink: EventSink) -> 
     // A new instance: its memory is counted afresh, and its first scan starts now.
     scanner.guest.metrics.memory_reset();
     scanner.guest.metrics.woke();
-    let memory = usize::try_from(scanner.guest.limits.memory).unwrap_or(usize::MAX);
-    let (notify, mut latest) = coalescing(memory, scanner.guest.metrics.clone());
+    let (notify, mut latest) = coalescing(scanner.guest.metrics.clone());
     let mut store = sandbox
         .store(&scanner.guest, Some(Box::new(notify)))
         .map_err(|e| e.to_string())?;
