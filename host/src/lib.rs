@@ -31,6 +31,7 @@ pub mod coalesce;
 pub mod config;
 pub mod dra;
 pub mod fleet;
+pub mod footprint;
 #[cfg(test)]
 mod fuzz;
 pub mod hooks;

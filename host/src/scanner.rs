@@ -98,7 +98,8 @@ impl EventSink {
             scanner.guest.metrics.clone(),
             sandbox.devfs().clone(),
             topology,
-        );
+        )
+        .charging(usize::try_from(scanner.guest.limits.memory).unwrap_or(usize::MAX));
         EventSink::new(validator, events)
     }
 }

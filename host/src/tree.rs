@@ -240,6 +240,17 @@ pub enum OutputError {
         /// The limit it exceeds.
         max: usize,
     },
+    #[error(
+        "the tree would hold about {bytes} bytes of host memory as lifted, more than the scanner's memory limit of {max} bytes charged for it (send fewer or smaller devices, or raise limits.memory)"
+    )]
+    /// A tree whose host form is larger than its guest's memory limit allows
+    /// ([`crate::footprint`]).
+    TreeHostMemory {
+        /// The estimate of its host form, in bytes.
+        bytes: usize,
+        /// The guest's memory limit, in bytes.
+        max: usize,
+    },
     #[error("the strings of the tree exceed {max} bytes, the policy's limit")]
     /// A tree larger than the policy allows.
     TreeTooLarge {
@@ -300,6 +311,7 @@ impl OutputError {
             OutputError::TooManyDevices { .. } => "max-devices-per-type",
             OutputError::StringTooLong { .. } => "max-string-bytes",
             OutputError::TreeTooLarge { .. } => "max-tree-bytes",
+            OutputError::TreeHostMemory { .. } => "tree-host-memory",
             OutputError::DevTypeTooLong { .. } => "dev-type-length",
             OutputError::NodeMissing { .. } => "node-exists",
             OutputError::MountNotAllowed { .. } => "allowed-mounts",

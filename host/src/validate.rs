@@ -46,6 +46,8 @@ pub struct Validator {
     /// When a refused tree was last logged, and how many were not logged since.
     refusals_logged: Option<Instant>,
     refusals_unlogged: u64,
+    /// The guest's memory limit, which a tree's host form may not exceed ([`crate::footprint`]).
+    memory: usize,
 }
 
 impl Validator {
@@ -68,7 +70,16 @@ impl Validator {
             memo_tried: false,
             refusals_logged: None,
             refusals_unlogged: 0,
+            memory: usize::MAX,
         }
+    }
+
+    /// Charges each tree's host form against `memory`, the guest's memory limit: a tree whose
+    /// lifted form is larger is refused before anything is copied out of it, so no copy the host
+    /// keeps of a guest's tree is larger than the memory the guest was given.
+    pub fn charging(mut self, memory: usize) -> Self {
+        self.memory = memory;
+        self
     }
 
     /// One notified tree: the tree to serve, or why it is refused as a whole (the last good tree
@@ -84,6 +95,17 @@ impl Validator {
         tree: wit::DeviceTree,
         attributes: Vec<wit::DeviceAttributes>,
     ) -> Result<DeviceTree, OutputError> {
+        let bytes = crate::footprint::lifted_bytes(&tree, &attributes);
+        if bytes > self.memory {
+            let e = OutputError::TreeHostMemory {
+                bytes,
+                max: self.memory,
+            };
+            drop((tree, attributes));
+            ScannerMetrics::bump(&self.metrics.trees_refused);
+            self.log_refusal(&e);
+            return Err(e);
+        }
         let metrics = &self.metrics;
         if !self.memo_tried && node_count(&tree) >= MEMO_FROM {
             self.memo_tried = true;
@@ -504,5 +526,28 @@ mod tests {
         assert!(v.memo.is_none());
         std::fs::remove_file(dir.path().join("bulk/n0")).unwrap();
         assert_eq!(v.check(tree(1)).unwrap_err().rule(), "node-exists");
+    }
+
+    /// A tree whose host form exceeds the guest's memory limit is refused by its rule, before
+    /// anything is copied out of it; at the limit it passes.
+    #[test]
+    fn a_tree_larger_on_the_host_than_its_guests_memory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("bulk")).unwrap();
+        mknod(&dir.path().join("bulk/n0"), 0);
+        let bytes = crate::footprint::lifted_bytes(&tree(1), &[]);
+        let at = |memory| {
+            Validator::new(
+                "charged".into(),
+                Arc::new(Policy::default()),
+                Arc::default(),
+                Arc::new(DevFs::open(dir.path()).unwrap()),
+                Arc::new(Topology::new(&dir.path().join("sys"))),
+            )
+            .charging(memory)
+        };
+        at(bytes).check(tree(1)).unwrap();
+        let err = at(bytes - 1).check(tree(1)).unwrap_err();
+        assert_eq!(err.rule(), "tree-host-memory", "{err}");
     }
 }
