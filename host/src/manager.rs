@@ -292,6 +292,12 @@ impl Manager {
         let mut unserved = BTreeMap::new();
         for dev_type in &d.added {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
+            // Never registered before its first device: kubelet would put the name on the Node
+            // at capacity 0 (which also keeps DRA's extended-resource bridge off that name). Left
+            // out of `current`, so the tree that brings one starts it; served ever after.
+            if devices.is_empty() {
+                continue;
+            }
             match self.start(dev_type, devices.clone()) {
                 Ok(server) => {
                     server.plugin().status().devices(&devices);
