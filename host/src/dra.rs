@@ -31,7 +31,7 @@ use crate::config::{ApiServer, DraConfig};
 use crate::hostfs::sys::{SysDir, SysReads};
 use crate::hostfs::{DevFs, NodeKind};
 use crate::sandbox::Roots;
-use crate::status::ScannerHandle;
+use crate::status::{ResourceHandle, ScannerHandle};
 use crate::tree::{AttributeValue as TreeAttributeValue, DeviceTree, Health};
 
 /// How often a removed socket is noticed and bound again.
@@ -70,14 +70,22 @@ pub struct DraDriver {
     tasks: Vec<JoinHandle<()>>,
     /// Where the device nodes sit on the PCI bus, when the roots can be read.
     pci: Option<PciPlacement>,
+    /// The scanner's namespace: each dev-type shows in `/status` and `/metrics` as
+    /// `<namespace>/<dev-type>`, as a device-plugin resource does.
+    namespace: String,
+    status: ScannerHandle,
+    /// Each dev-type of the last tree, in `/status` and `wdp_resource_devices`.
+    resources: BTreeMap<String, ResourceHandle>,
 }
 
 impl DraDriver {
     /// Starts serving `config`'s driver with an empty inventory; kubelet's registration answers
-    /// go to `status` (not ready until kubelet registered it).
+    /// go to `status` (not ready until kubelet registered it), and so do the devices of each
+    /// dev-type, named `<namespace>/<dev-type>`.
     pub fn start(
         config: &DraConfig,
         roots: &Roots,
+        namespace: &str,
         status: ScannerHandle,
     ) -> Result<Self, DraError> {
         let driver = config.driver.clone();
@@ -157,7 +165,7 @@ impl DraDriver {
             node: config.node_name.clone(),
             socket: endpoints.registration_socket(),
             registration,
-            status,
+            status: status.clone(),
             api,
             updates,
             inventory: inventory.clone(),
@@ -178,6 +186,9 @@ impl DraDriver {
             stop,
             tasks,
             pci,
+            namespace: namespace.to_owned(),
+            status,
+            resources: BTreeMap::new(),
         })
     }
 
@@ -186,8 +197,25 @@ impl DraDriver {
         &self.driver
     }
 
-    /// Serves `tree` (its CDI names already filled in by the manager) as the driver's pool.
-    pub fn update(&self, tree: &DeviceTree) {
+    /// Serves `tree` (its CDI names already filled in by the manager) as the driver's pool, and
+    /// shows its dev-types' devices in `/status` and `/metrics`.
+    pub fn update(&mut self, tree: &DeviceTree) {
+        self.resources.retain(|dev_type, handle| {
+            let kept = tree.0.contains_key(dev_type);
+            if !kept {
+                handle.remove();
+            }
+            kept
+        });
+        for (dev_type, group) in &tree.0 {
+            self.resources
+                .entry(dev_type.clone())
+                .or_insert_with(|| {
+                    self.status
+                        .dra_resource(&format!("{}/{dev_type}", self.namespace))
+                })
+                .devices(group);
+        }
         let mut pool = pool(&self.node_name, tree);
         if let Some(pci) = &self.pci {
             pci.fill(&mut pool, tree);
@@ -205,6 +233,9 @@ impl DraDriver {
     /// Stops every task and waits for them: both sockets are removed, the slices stay until
     /// kubelet (or the next wdp) cleans them, the checkpoint stays for the next run.
     pub async fn stop(self) {
+        for handle in self.resources.values() {
+            handle.remove();
+        }
         self.stop.send_replace(true);
         for task in self.tasks {
             if let Err(e) = task.await {
@@ -503,7 +534,6 @@ impl Kubelet {
         let driver = &self.driver;
         let socket = self.socket.display();
         self.status
-            .metrics()
             .dra_registered(driver, *state == RegistrationState::Registered);
         self.status.dra_not_ready(match state {
             RegistrationState::Registered => None,

@@ -209,7 +209,7 @@ impl Manager {
     /// the scanner from the shared status.
     pub async fn run(mut self, mut events: mpsc::Receiver<ScannerEvent>) {
         if let Dra::Configured(config, roots) = &self.dra {
-            self.dra = match DraDriver::start(config, roots, self.status.clone()) {
+            self.dra = match DraDriver::start(config, roots, &self.namespace, self.status.clone()) {
                 Ok(driver) => Dra::Running(driver),
                 Err(e) => {
                     tracing::error!(scanner = &*self.scanner, error = %e, "not served");
@@ -264,7 +264,7 @@ impl Manager {
         let d = diff(&self.current, &tree);
         // A DRA scanner has no device-plugin servers, whether its driver runs or not.
         if !matches!(self.dra, Dra::None) {
-            if let Dra::Running(driver) = &self.dra {
+            if let Dra::Running(driver) = &mut self.dra {
                 driver.update(&tree);
             }
             self.current = tree.0.into_iter().map(|(t, g)| (t, Arc::new(g))).collect();
@@ -292,6 +292,12 @@ impl Manager {
         let mut unserved = BTreeMap::new();
         for dev_type in &d.added {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
+            // Never registered before its first device: kubelet would put the name on the Node
+            // at capacity 0 (which also keeps DRA's extended-resource bridge off that name). Left
+            // out of `current`, so the tree that brings one starts it; served ever after.
+            if devices.is_empty() {
+                continue;
+            }
             match self.start(dev_type, devices.clone()) {
                 Ok(server) => {
                     server.plugin().status().devices(&devices);

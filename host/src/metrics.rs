@@ -192,6 +192,10 @@ pub struct ResourceMetrics {
     stream_losses: Counter,
     /// Registrations kubelet answered with an error (or not in time).
     registration_failures: Counter,
+    /// Served through DRA: only the device counts apply (kubelet makes no Allocate calls and
+    /// holds no stream or registration per resource; the driver's registration is
+    /// `wdp_dra_driver_registered`).
+    dra: bool,
 }
 
 impl Default for ResourceMetrics {
@@ -205,11 +209,21 @@ impl Default for ResourceMetrics {
             preferred_fallbacks: Counter::default(),
             stream_losses: Counter::default(),
             registration_failures: Counter::default(),
+            dra: false,
         }
     }
 }
 
 impl ResourceMetrics {
+    /// The series of a dev-type served through DRA: its device counts alone, under the same
+    /// family as a device-plugin resource's, so one dashboard or alert covers both front-ends.
+    pub fn dra() -> Self {
+        ResourceMetrics {
+            dra: true,
+            ..ResourceMetrics::default()
+        }
+    }
+
     /// One Allocate answered (`ok`) or failed, after `elapsed`.
     pub fn allocated(&self, elapsed: Duration, ok: bool) {
         if ok {
@@ -468,7 +482,7 @@ fn resource_families(
     family(
         e,
         "resource_devices",
-        "Devices the resource lists to kubelet, by health.",
+        "Devices the resource lists to kubelet (device plugin) or publishes in ResourceSlices (DRA), by health.",
         None,
         resources.iter().flat_map(|(name, m)| {
             [
@@ -482,15 +496,18 @@ fn resource_families(
         "resource_allocations",
         "Allocate calls kubelet made for the resource, by result (ok or error).",
         None,
-        resources.iter().flat_map(|(name, m)| {
-            [
-                ([("resource", *name), ("result", "ok")], &m.allocations_ok),
-                (
-                    [("resource", *name), ("result", "error")],
-                    &m.allocations_error,
-                ),
-            ]
-        }),
+        resources
+            .iter()
+            .filter(|(_, m)| !m.dra)
+            .flat_map(|(name, m)| {
+                [
+                    ([("resource", *name), ("result", "ok")], &m.allocations_ok),
+                    (
+                        [("resource", *name), ("result", "error")],
+                        &m.allocations_error,
+                    ),
+                ]
+            }),
     )?;
     family(
         e,
@@ -499,6 +516,7 @@ fn resource_families(
         Some(&Unit::Seconds),
         resources
             .iter()
+            .filter(|(_, m)| !m.dra)
             .map(|(name, m)| ([("resource", *name)], &m.allocate_duration)),
     )?;
     family(
@@ -508,6 +526,7 @@ fn resource_families(
         None,
         resources
             .iter()
+            .filter(|(_, m)| !m.dra)
             .map(|(name, m)| ([("resource", *name)], &m.preferred_fallbacks)),
     )?;
     family(
@@ -517,6 +536,7 @@ fn resource_families(
         None,
         resources
             .iter()
+            .filter(|(_, m)| !m.dra)
             .map(|(name, m)| ([("resource", *name)], &m.stream_losses)),
     )?;
     family(
@@ -526,6 +546,7 @@ fn resource_families(
         None,
         resources
             .iter()
+            .filter(|(_, m)| !m.dra)
             .map(|(name, m)| ([("resource", *name)], &m.registration_failures)),
     )
 }

@@ -11,7 +11,10 @@
 //! is served and registered with kubelet. A scanner whose only trees were refused, or that fails
 //! before its first tree, keeps the host not ready; a scanner that fails after a good tree does
 //! not (its last tree stays served). A resource is unregistered while kubelet is away (its
-//! `kubelet.sock` gone) until the next kubelet accepts its registration.
+//! `kubelet.sock` gone) until the next kubelet accepts its registration. A scanner served
+//! through DRA has its dev-types tracked as resources too ([`ScannerHandle::dra_resource`]), so
+//! `/status` and `wdp_resource_devices` read alike for both front-ends; they are registered while
+//! its driver is, and readiness is the driver's.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,6 +105,8 @@ struct ScannerEntry {
     /// Why its DRA driver is not usable by kubelet (not registered, refused); None when it is
     /// or the scanner is served through device plugins.
     dra_not_ready: Option<String>,
+    /// Its DRA driver's name and whether kubelet has it registered, once the driver reported.
+    dra_driver: Option<(String, bool)>,
     metrics: Arc<ScannerMetrics>,
 }
 
@@ -114,6 +119,9 @@ struct ResourceEntry {
     refused: Option<String>,
     healthy: usize,
     unhealthy: usize,
+    /// A dev-type served through its scanner's DRA driver: registered when the driver is, and
+    /// readiness is the driver's (see [`ScannerHandle::dra_not_ready`]).
+    dra: bool,
 }
 
 /// Where a scanner is in its life, as `/status` shows it.
@@ -201,6 +209,11 @@ pub struct ResourceReport {
     pub unhealthy: usize,
     /// Why it is not served (then it has no devices and is never registered).
     pub error: Option<String>,
+    /// The DRA driver that publishes its devices in ResourceSlices, when the scanner is served
+    /// through DRA; `registered` then says whether kubelet has that driver registered. Absent
+    /// for a device-plugin resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_driver: Option<String>,
 }
 
 impl Observability {
@@ -237,6 +250,7 @@ impl Observability {
                 last_error: None,
                 unserved: BTreeMap::new(),
                 dra_not_ready: None,
+                dra_driver: None,
                 metrics: metrics.clone(),
             },
         );
@@ -283,7 +297,8 @@ impl Observability {
             }
         }
         for (name, r) in &state.resources {
-            if r.registered {
+            // A DRA driver's registration is the scanner's line above.
+            if r.registered || r.dra {
                 continue;
             }
             reasons.push(match &r.refused {
@@ -312,12 +327,19 @@ impl Observability {
                     .resources
                     .iter()
                     .filter(|(_, r)| r.owner == s.id)
-                    .map(|(rname, r)| ResourceReport {
-                        name: rname.to_string(),
-                        registered: r.registered,
-                        healthy: r.healthy,
-                        unhealthy: r.unhealthy,
-                        error: None,
+                    .map(|(rname, r)| {
+                        let dra = s.dra_driver.as_ref().filter(|_| r.dra);
+                        ResourceReport {
+                            name: rname.to_string(),
+                            registered: match dra {
+                                Some((_, registered)) => *registered,
+                                None => r.registered,
+                            },
+                            healthy: r.healthy,
+                            unhealthy: r.unhealthy,
+                            error: None,
+                            dra_driver: dra.map(|(driver, _)| driver.clone()),
+                        }
                     })
                     .collect();
                 resources.extend(s.unserved.iter().map(|(rname, e)| ResourceReport {
@@ -326,6 +348,7 @@ impl Observability {
                     healthy: 0,
                     unhealthy: 0,
                     error: Some(e.clone()),
+                    dra_driver: None,
                 }));
                 resources.sort_by(|a, b| a.name.cmp(&b.name));
                 let last_scan = u64::try_from(s.metrics.last_scan()).ok().filter(|&t| t > 0);
@@ -439,8 +462,18 @@ impl ScannerHandle {
     /// Starts tracking resource `name` (`<namespace>/<dev-type>`), served for this scanner: not
     /// registered, no devices.
     pub fn resource(&self, name: &str) -> ResourceHandle {
+        self.track(name, ResourceMetrics::default(), false)
+    }
+
+    /// Starts tracking dev-type `name` (`<namespace>/<dev-type>`) served through this scanner's
+    /// DRA driver: in `/status` and `wdp_resource_devices` as a device-plugin resource is, so
+    /// both front-ends read alike; registered while the driver is.
+    pub fn dra_resource(&self, name: &str) -> ResourceHandle {
+        self.track(name, ResourceMetrics::dra(), true)
+    }
+
+    fn track(&self, name: &str, metrics: ResourceMetrics, dra: bool) -> ResourceHandle {
         let name: Arc<str> = name.into();
-        let metrics = ResourceMetrics::default();
         self.obs.state().resources.insert(
             name.clone(),
             ResourceEntry {
@@ -450,6 +483,7 @@ impl ScannerHandle {
                 refused: None,
                 healthy: 0,
                 unhealthy: 0,
+                dra,
             },
         );
         ResourceHandle {
@@ -469,6 +503,13 @@ impl ScannerHandle {
     /// for a scanner served through DRA.
     pub fn dra_not_ready(&self, reason: Option<String>) {
         self.update(|s| s.dra_not_ready = reason);
+    }
+
+    /// Whether kubelet has its DRA driver `driver` registered: `wdp_dra_driver_registered`,
+    /// and the `registered` of its dev-types in `/status`.
+    pub fn dra_registered(&self, driver: &str, registered: bool) {
+        self.metrics.dra_registered(driver, registered);
+        self.update(|s| s.dra_driver = Some((driver.to_owned(), registered)));
     }
 
     /// Stops tracking this scanner: its entry, its resources and their metric series. Does
@@ -602,6 +643,23 @@ mod tests {
         );
         kvm.dra_not_ready(None);
         assert_eq!(obs.readiness(), Ok(()));
+        // Its dev-types: counted, registered with the driver, never a readiness line of their own.
+        let r = kvm.dra_resource("x.io/kvm");
+        r.devices(&group(3, 1));
+        assert_eq!(obs.readiness(), Ok(()));
+        kvm.dra_registered("x.io", true);
+        let shown = &obs.report().scanners[0].resources[0];
+        assert_eq!(
+            (shown.registered, shown.healthy, shown.unhealthy),
+            (true, 3, 1)
+        );
+        assert_eq!(shown.dra_driver.as_deref(), Some("x.io"));
+        let text = obs.metrics_text();
+        assert!(
+            text.contains("wdp_resource_devices{resource=\"x.io/kvm\",health=\"healthy\"} 3\n"),
+            "{text}"
+        );
+        assert!(!text.contains("wdp_resource_allocations_total{resource=\"x.io/kvm\""));
         kvm.dra_not_ready(Some("pending".into()));
         kvm.remove();
         assert_eq!(obs.readiness(), Ok(()), "gone with its scanner");

@@ -981,3 +981,181 @@ contexts:
     assert!(host.terminate().await.success());
     dp_kubelet.stop().await;
 }
+
+/// The driver's devices on the node in its slices, counted by their `type` attribute (the
+/// dev-type).
+fn published_types(api: &ApiServerStandIn) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for slice in api.slices() {
+        if slice.spec.driver != DRIVER || slice.spec.node_name.as_deref() != Some(NODE) {
+            continue;
+        }
+        for d in slice.spec.devices.unwrap_or_default() {
+            let dev_type = d
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get("type")?.string.clone())
+                .unwrap_or_default();
+            *out.entry(dev_type).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// What `/status`, `wdp status` and `/metrics` say of the DRA scanner `kvm`'s resources, as
+/// (dev-type, healthy, unhealthy, the driver's registration) each, or what disagrees.
+async fn dra_resources_shown(addr: &str) -> Result<BTreeMap<String, (u64, u64)>, String> {
+    let (_, body) = http_get(addr, "/status").await.map_err(|e| e.to_string())?;
+    let status: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let kvm = status["scanners"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "kvm"))
+        .ok_or_else(|| format!("no scanner kvm in {status}"))?;
+    let mut shown = BTreeMap::new();
+    for r in kvm["resources"].as_array().into_iter().flatten() {
+        let name = r["name"].as_str().unwrap_or_default();
+        let dev_type = name
+            .strip_prefix(&format!("{DRIVER}/"))
+            .ok_or_else(|| format!("{name} is not under {DRIVER}/"))?;
+        if r["registered"] != true || r["dra_driver"] != DRIVER || !r["error"].is_null() {
+            return Err(format!("{r}"));
+        }
+        let healthy = r["healthy"].as_u64().unwrap_or(u64::MAX);
+        let unhealthy = r["unhealthy"].as_u64().unwrap_or(u64::MAX);
+        shown.insert(dev_type.to_string(), (healthy, unhealthy));
+    }
+
+    // `wdp status`: one row per resource, the same counts, the driver named.
+    let text = tokio::task::spawn_blocking({
+        let addr = addr.to_string();
+        move || wdp_tests::wdp(&["status", "--addr", &addr])
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|cells| cells.get(1) == Some(&"kvm") && cells[0].contains('/'))
+        .collect();
+    let mut printed = BTreeMap::new();
+    for cells in rows {
+        let want_tail = ["yes", "dra", &format!("({DRIVER})")];
+        if cells.len() != 7 || [cells[2], cells[5], cells[6]] != want_tail {
+            return Err(format!(
+                "a resource row of `wdp status`: {cells:?} in\n{text}"
+            ));
+        }
+        let dev_type = cells[0].trim_start_matches(&format!("{DRIVER}/"));
+        let count = |c: &str| c.parse::<u64>().unwrap_or(u64::MAX);
+        printed.insert(dev_type.to_string(), (count(cells[3]), count(cells[4])));
+    }
+    if printed != shown {
+        return Err(format!(
+            "`wdp status` printed\n{text}\nwhile /status has {shown:?}"
+        ));
+    }
+
+    // `/metrics`: wdp_resource_devices as for a device-plugin resource, and nothing of
+    // Allocate calls or kubelet streams, which DRA does not have per resource.
+    let (_, metrics) = http_get(addr, "/metrics")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut exported: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix(&format!("wdp_resource_devices{{resource=\"{DRIVER}/"))
+        else {
+            if line.contains(&format!("resource=\"{DRIVER}/")) {
+                return Err(format!("a DRA dev-type in another family: {line}"));
+            }
+            continue;
+        };
+        let (dev_type, rest) = rest.split_once('"').unwrap_or_default();
+        let value = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("no value in {line}"))?;
+        let entry = exported.entry(dev_type.to_string()).or_default();
+        if rest.contains("health=\"healthy\"") {
+            entry.0 = value;
+        } else {
+            entry.1 = value;
+        }
+    }
+    if exported != shown {
+        return Err(format!(
+            "/metrics has {exported:?} while /status has {shown:?}"
+        ));
+    }
+    Ok(shown)
+}
+
+/// `/status`, `wdp status` and `wdp_resource_devices` show a DRA scanner's dev-types as they
+/// show device-plugin resources (`<namespace>/<dev-type>`, healthy and unhealthy), with as many
+/// devices as its ResourceSlices hold, registered while kubelet has the driver, and they follow a
+/// hot-plug and an unplug.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_metrics_count_the_devices_the_slices_hold() {
+    let (f, dirs, api, config) = setup().await;
+    let plugins = f.plugin_dir();
+    let (dp_kubelet, observed) =
+        wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
+    let mut seen = Seen::new(observed);
+    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
+    seen.devices("net.example.com/kvm", &["kvm-0"]).await;
+
+    let agree = |devices: &'static [&'static str]| {
+        let (api, addr) = (&api, &addr);
+        async move {
+            until_published(api, devices).await;
+            let slices = published_types(api);
+            let want: BTreeMap<String, (u64, u64)> = slices
+                .iter()
+                .map(|(t, n)| (t.clone(), (*n as u64, 0)))
+                .collect();
+            eventually_showing(
+                &format!("/status, `wdp status` and /metrics showing {want:?}"),
+                || async {
+                    let shown = dra_resources_shown(addr).await?;
+                    if shown == want {
+                        Ok(())
+                    } else {
+                        Err(format!("{shown:?}"))
+                    }
+                },
+            )
+            .await;
+            slices
+        }
+    };
+    let first = agree(&["kvm-0", "kvm-1"]).await;
+    assert_eq!(first, BTreeMap::from([("kvm".to_string(), 2)]));
+
+    // Hot-plug: /dev/fuse appears, its dev-type joins with its slots.
+    f.char_dev("fuse", 10, 229);
+    agree(&["fuse-0", "fuse-1", "kvm-0", "kvm-1"]).await;
+    // Unplug: /dev/kvm goes, and its dev-type with it.
+    f.remove_dev("kvm");
+    let last = agree(&["fuse-0", "fuse-1"]).await;
+    assert_eq!(last, BTreeMap::from([("fuse".to_string(), 2)]));
+
+    // The device-plugin scanner's resources are still shown as such.
+    let (_, body) = http_get(&addr, "/status").await.unwrap();
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let net = status["scanners"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "net"))
+        .expect("scanner net");
+    for r in net["resources"].as_array().expect("resources") {
+        assert!(r.get("dra_driver").is_none(), "{r}");
+    }
+    assert!(host.terminate().await.success());
+    drop(seen);
+    dp_kubelet.stop().await;
+}

@@ -531,3 +531,63 @@ mod manager {
         assert!(e.contains("Unix sockets allow 107"), "{e}");
     }
 }
+
+/// A dev-type its scanner lists with no device is not registered (kubelet would keep the name on
+/// the Node at capacity 0 for good): not once its tree is served, until its first device
+/// appears; after that it stays registered with none left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dev_type_without_devices_is_registered_only_from_its_first_device() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = kvm_and_serial_config(&f);
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+    let host = Host::start_with(&config, &plugins, &f, &["--metrics-addr", "127.0.0.1:0"]);
+    let addr = wdp_tests::eventually("the metrics address in the host's log", || async {
+        let log = host.log();
+        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+        let port: String = line
+            .split("127.0.0.1:")
+            .nth(1)?
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        Some(format!("127.0.0.1:{port}"))
+    })
+    .await;
+    seen.devices("devices.example.com/kvm", &["kvm-0", "kvm-1"])
+        .await;
+    // The serial scanner's tree, with its empty `serial` type, has been served.
+    wdp_tests::eventually("the serial scanner's first tree accepted", || async {
+        let (_, body) = wdp_tests::http::http_get(&addr, "/status").await.ok()?;
+        let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let serial = status["scanners"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == "serial")?
+            .clone();
+        (serial["trees_accepted"].as_u64()? >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(kubelet.resources(), ["devices.example.com/kvm"]);
+    assert!(!plugins.join("serial.example.com-serial.sock").exists());
+    assert_eq!(seen.registrations("serial.example.com/serial"), 0);
+
+    // Its first device: registered and listed.
+    f.char_dev("ttyUSB0", 188, 0);
+    seen.devices("serial.example.com/serial", &["ttyUSB0"])
+        .await;
+    assert_eq!(
+        kubelet.resources(),
+        ["devices.example.com/kvm", "serial.example.com/serial"]
+    );
+    // Its last device goes: still served, with an empty list.
+    f.remove_dev("ttyUSB0");
+    seen.devices("serial.example.com/serial", &[]).await;
+    assert!(!seen.has_ended("serial.example.com/serial"));
+    assert!(plugins.join("serial.example.com-serial.sock").exists());
+
+    assert!(host.terminate().await.success());
+    kubelet.stop().await;
+}

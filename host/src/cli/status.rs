@@ -17,8 +17,8 @@ use crate::status::{ScannerReport, StatusReport};
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Show what a running `wdp run` serves: its scanners (state, restarts, last scan, guest memory)
-/// and their resources (registered with kubelet or not, healthy and unhealthy devices), and
-/// whether it is ready.
+/// and their resources (registered with kubelet or not, healthy and unhealthy devices, served
+/// through a device plugin or a DRA driver), and whether it is ready.
 ///
 /// Reads GET /status from the host's --metrics-addr. Exits 1 when the host cannot be reached.
 #[derive(Debug, Args)]
@@ -139,6 +139,7 @@ fn render(report: &StatusReport, now: u64) -> String {
         "REGISTERED",
         "HEALTHY",
         "UNHEALTHY",
+        "FRONT-END",
     ])];
     for s in &report.scanners {
         for r in &s.resources {
@@ -152,6 +153,10 @@ fn render(report: &StatusReport, now: u64) -> String {
                 },
                 r.healthy.to_string(),
                 r.unhealthy.to_string(),
+                match &r.dra_driver {
+                    Some(driver) => format!("dra ({driver})"),
+                    None => "device-plugin".into(),
+                },
             ]);
         }
     }
@@ -232,13 +237,24 @@ mod tests {
                 last_scan: Some(990),
                 guest_memory_bytes: 1 << 21,
                 last_error: Some("trapped".into()),
-                resources: vec![ResourceReport {
-                    name: "ns/kvm".into(),
-                    registered: false,
-                    healthy: 2,
-                    unhealthy: 1,
-                    error: None,
-                }],
+                resources: vec![
+                    ResourceReport {
+                        name: "ns/kvm".into(),
+                        registered: false,
+                        healthy: 2,
+                        unhealthy: 1,
+                        error: None,
+                        dra_driver: None,
+                    },
+                    ResourceReport {
+                        name: "x.io/vfio".into(),
+                        registered: true,
+                        healthy: 330,
+                        unhealthy: 0,
+                        error: None,
+                        dra_driver: Some("x.io".into()),
+                    },
+                ],
             }],
             writable_mounts: vec!["/host/sys/fs/cgroup (cgroup2)".into()],
         };
@@ -259,7 +275,11 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("ns/kvm    kvm      no          2        1\n"),
+            text.contains("ns/kvm     kvm      no          2        1          device-plugin\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x.io/vfio  kvm      yes         330      0          dra (x.io)\n"),
             "{text}"
         );
     }
