@@ -17,7 +17,7 @@ use crate::bindings::types as wit;
 /// Bytes the allocator takes for an allocation of `len` bytes: glibc's chunks carry 8 bytes of
 /// header, come in steps of 16 bytes and are at least 32 bytes; an empty `String` or `Vec`
 /// allocates nothing.
-fn heap(len: usize) -> usize {
+pub(crate) fn heap(len: usize) -> usize {
     if len == 0 {
         0
     } else {

@@ -11,6 +11,7 @@
 pub mod blocking;
 pub mod compile_cache;
 mod engine;
+mod lift;
 mod limits;
 mod open_guard;
 pub mod output;
@@ -279,6 +280,7 @@ impl Sandbox {
         }
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
+        lift::install(&mut linker).map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys, devfs.listings());
         Ok(Arc::new(Sandbox {
             engine,
