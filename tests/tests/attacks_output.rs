@@ -267,26 +267,32 @@ async fn four_guests_of_16384_devices_with_attributes_keep_the_host_in_its_memor
     kubelet.stop().await;
 }
 
-/// The host's bound under `lift-alias`: a base of 64 MiB for the host itself and four times the
-/// guest's 16 MiB limit. The aliased tree copied out string by string is 6.5 GB; wasmtime's own
-/// cap on what one host call may copy (128 MiB of "hostcall fuel") stopped it, before the host
-/// lifted trees itself, with the host past 190 MiB.
+/// The host's bound under `lift-alias` and `read-alias`: a base of 64 MiB for the host itself and
+/// four times the guest's 16 MiB limit. The aliased arguments copied out string by string are
+/// 6.5 GB; wasmtime's own cap on what one host call may copy (128 MiB of "hostcall fuel") stopped
+/// them, before each guest's cap was its memory limit, with the host past 190 MiB.
 const ALIAS_BOUND_KIB: u64 = (64 + 4 * 16) << 10;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tree_of_aliased_strings_is_refused_before_it_is_copied_out() {
+/// Runs the hostile guest's `attack` (16 MiB) beside the kvm scanner: the attack's call is
+/// refused with `cause` in the log, the host's peak stays within [`ALIAS_BOUND_KIB`], and the
+/// other scanner keeps being served.
+async fn aliased_arguments_are_refused(attack: &str, cause: &str) {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     let config = f.write_config(&format!(
         "scanners:\n{}{}",
         kvm_config(),
-        scanner_config("alias", "alias.example.com", "ATTACK: lift-alias", "16Mi"),
+        scanner_config(
+            "alias",
+            "alias.example.com",
+            &format!("ATTACK: {attack}"),
+            "16Mi"
+        ),
     ));
     let plugins = f.plugin_dir();
     let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
     let host = Host::start(&config, &plugins, &f);
     let mut lists = BTreeMap::new();
-    // The guest's good tree is served, and its aliased one refused by the named rule.
     until_lists(
         &mut observed,
         &mut lists,
@@ -302,16 +308,13 @@ async fn a_tree_of_aliased_strings_is_refused_before_it_is_copied_out() {
     let peak = peak_rss_kib(host.pid());
     assert!(
         peak <= ALIAS_BOUND_KIB,
-        "the host peaked at {} MiB, past its bound of {} MiB",
+        "{attack}: the host peaked at {} MiB, past its bound of {} MiB",
         peak >> 10,
         ALIAS_BOUND_KIB >> 10
     );
-    assert!(
-        log.contains("(rule tree-host-memory); refused before it was copied out"),
-        "{log}"
-    );
-    assert!(!log.contains("LEAKED"), "{log}");
-    eprintln!("peak RSS: {} MiB", peak >> 10);
+    assert!(log.contains(cause), "{attack}: {log}");
+    assert!(!log.contains("LEAKED"), "{attack}: {log}");
+    eprintln!("{attack}: peak RSS: {} MiB", peak >> 10);
     // Another scanner is served meanwhile and after, and the refused tree never was.
     f.char_dev("fuse", 10, 229);
     until_lists(
@@ -329,4 +332,22 @@ async fn a_tree_of_aliased_strings_is_refused_before_it_is_copied_out() {
     let log = host.log();
     assert!(host.terminate().await.success(), "{log}");
     kubelet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_of_aliased_strings_is_refused_before_it_is_copied_out() {
+    aliased_arguments_are_refused(
+        "lift-alias",
+        "(rule tree-host-memory); refused before it was copied out",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliased_paths_of_a_read_are_refused_within_the_guest_memory_limit() {
+    aliased_arguments_are_refused(
+        "read-alias",
+        "fuel allocated for hostcalls has been exhausted",
+    )
+    .await;
 }

@@ -23,7 +23,8 @@
 //!   [`hostfs_attacks`].
 //! * `giant-capacity`, `wide-text`, `attribute-flood`, `many-devices`: attacks on the output
 //!   policy through `notify-with-attributes`, in [`output_attacks`].
-//! * `lift-alias`: an attack on how the host copies a tree out of the guest, in [`lift_attacks`].
+//! * `lift-alias`, `read-alias`: attacks on how the host copies arguments out of the guest, in
+//!   [`lift_attacks`].
 
 mod hostfs_attacks;
 
@@ -37,7 +38,7 @@ pub mod lift_attacks;
 pub mod output_attacks;
 
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 16] = [
+pub const ATTACKS: [&str; 17] = [
     "probe",
     "memory",
     "spin",
@@ -54,6 +55,7 @@ pub const ATTACKS: [&str; 16] = [
     "attribute-flood",
     "many-devices",
     "lift-alias",
+    "read-alias",
 ];
 
 /// The paths `batch-probe` reads in one `read-files` call: every way out of /sys a single read
