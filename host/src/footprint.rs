@@ -5,10 +5,11 @@
 //! host sees it, and the host form of many small strings is larger than the guest's (a header of
 //! 24 bytes and an allocation of at least 32 bytes for a 6-byte id). Without a charge, what the
 //! host holds for one guest's tree grows with how compactly the guest packs it, not with the
-//! memory the guest is given. [`lifted_bytes`] estimates the host form; validation refuses a tree
-//! whose estimate exceeds the guest's memory limit (rule `tree-host-memory`) before anything is
-//! copied out of it, so each copy of a tree the host holds for a guest is at most that guest's
-//! limit.
+//! memory the guest is given. [`lifted_bytes`] estimates the host form; the sandbox charges the
+//! same sums while it copies a notified tree out (`sandbox::lift`), stopping a guest whose tree
+//! would exceed its memory limit (rule `tree-host-memory`) before the copy passes it, and
+//! validation checks the estimate again, so each copy of a tree the host holds for a guest is at
+//! most that guest's limit.
 
 use std::mem::size_of;
 
@@ -17,7 +18,7 @@ use crate::bindings::types as wit;
 /// Bytes the allocator takes for an allocation of `len` bytes: glibc's chunks carry 8 bytes of
 /// header, come in steps of 16 bytes and are at least 32 bytes; an empty `String` or `Vec`
 /// allocates nothing.
-fn heap(len: usize) -> usize {
+pub(crate) fn heap(len: usize) -> usize {
     if len == 0 {
         0
     } else {

@@ -75,8 +75,10 @@ impl Validator {
     }
 
     /// Charges each tree's host form against `memory`, the guest's memory limit: a tree whose
-    /// lifted form is larger is refused before anything is copied out of it, so no copy the host
-    /// keeps of a guest's tree is larger than the memory the guest was given.
+    /// lifted form is larger is refused before anything is copied from it, so no copy the host
+    /// keeps of a guest's tree is larger than the memory the guest was given. (The sandbox's lift
+    /// charges the same sum as it copies the tree out of the guest, so a notified tree reaches
+    /// this check only within it.)
     pub fn charging(mut self, memory: usize) -> Self {
         self.memory = memory;
         self

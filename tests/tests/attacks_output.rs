@@ -1,7 +1,8 @@
 //! Guests that attack the output policy through `notify-with-attributes`: attributes too large
 //! for what Kubernetes accepts are refused by their rule, a flood of notifies that changes only
 //! attributes reaches kubelet as a bounded number of updates, and four guests notifying 16,384
-//! devices with attributes, over and over, keep the host's memory within a stated bound. Through
+//! devices with attributes, over and over, keep the host's memory within a stated bound, as does a
+//! tree whose strings all alias the same guest bytes (refused before it is copied out). Through
 //! each, another scanner keeps being served.
 
 use std::collections::BTreeMap;
@@ -264,4 +265,89 @@ async fn four_guests_of_16384_devices_with_attributes_keep_the_host_in_its_memor
     let log = host.log();
     assert!(host.terminate().await.success(), "{log}");
     kubelet.stop().await;
+}
+
+/// The host's bound under `lift-alias` and `read-alias`: a base of 64 MiB for the host itself and
+/// four times the guest's 16 MiB limit. The aliased arguments copied out string by string are
+/// 6.5 GB; wasmtime's own cap on what one host call may copy (128 MiB of "hostcall fuel") stopped
+/// them, before each guest's cap was its memory limit, with the host past 190 MiB.
+const ALIAS_BOUND_KIB: u64 = (64 + 4 * 16) << 10;
+
+/// Runs the hostile guest's `attack` (16 MiB) beside the kvm scanner: the attack's call is
+/// refused with `cause` in the log, the host's peak stays within [`ALIAS_BOUND_KIB`], and the
+/// other scanner keeps being served.
+async fn aliased_arguments_are_refused(attack: &str, cause: &str) {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!(
+        "scanners:\n{}{}",
+        kvm_config(),
+        scanner_config(
+            "alias",
+            "alias.example.com",
+            &format!("ATTACK: {attack}"),
+            "16Mi"
+        ),
+    ));
+    let plugins = f.plugin_dir();
+    let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+    let host = Host::start(&config, &plugins, &f);
+    let mut lists = BTreeMap::new();
+    until_lists(
+        &mut observed,
+        &mut lists,
+        Duration::from_secs(60),
+        "the guest's good tree",
+        |l| {
+            l.get("alias.example.com/good")
+                .is_some_and(|(_, ids)| ids == &["g"])
+        },
+    )
+    .await;
+    let log = host.logged("scanner failed scanner=\"alias\"", 1).await;
+    let peak = peak_rss_kib(host.pid());
+    assert!(
+        peak <= ALIAS_BOUND_KIB,
+        "{attack}: the host peaked at {} MiB, past its bound of {} MiB",
+        peak >> 10,
+        ALIAS_BOUND_KIB >> 10
+    );
+    assert!(log.contains(cause), "{attack}: {log}");
+    assert!(!log.contains("LEAKED"), "{attack}: {log}");
+    eprintln!("{attack}: peak RSS: {} MiB", peak >> 10);
+    // Another scanner is served meanwhile and after, and the refused tree never was.
+    f.char_dev("fuse", 10, 229);
+    until_lists(
+        &mut observed,
+        &mut lists,
+        Duration::from_secs(30),
+        "the kvm scanner's hot-plugged device",
+        |l| {
+            l.get("devices.example.com/fuse")
+                .is_some_and(|(_, ids)| ids == &["fuse-0"])
+        },
+    )
+    .await;
+    assert!(!lists.contains_key("alias.example.com/alias"), "{lists:?}");
+    let log = host.log();
+    assert!(host.terminate().await.success(), "{log}");
+    kubelet.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_of_aliased_strings_is_refused_before_it_is_copied_out() {
+    aliased_arguments_are_refused(
+        "lift-alias",
+        "(rule tree-host-memory); refused before it was copied out",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliased_paths_of_a_read_are_refused_within_the_guest_memory_limit() {
+    aliased_arguments_are_refused(
+        "read-alias",
+        "fuel allocated for hostcalls has been exhausted",
+    )
+    .await;
 }

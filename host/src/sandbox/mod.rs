@@ -11,6 +11,7 @@
 pub mod blocking;
 pub mod compile_cache;
 mod engine;
+mod lift;
 mod limits;
 mod open_guard;
 pub mod output;
@@ -279,6 +280,7 @@ impl Sandbox {
         }
         bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
             .map_err(SandboxError::Engine)?;
+        lift::install(&mut linker).map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys, devfs.listings());
         Ok(Arc::new(Sandbox {
             engine,
@@ -419,6 +421,9 @@ impl Sandbox {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
+        // What one host call may copy out of the guest (wasmtime's default is 128 MiB, eight
+        // times a 16 MiB guest): aliased strings make it many times what the guest holds.
+        store.set_hostcall_fuel(usize::try_from(guest.limits.memory).unwrap_or(usize::MAX));
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut ctx| ctx.data_mut().cpu.on_tick());
         store.call_hook(|mut ctx, hook| {

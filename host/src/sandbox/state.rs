@@ -41,6 +41,14 @@ pub enum Stopped {
     #[error("the host stopped listening for its trees")]
     /// Nobody listens for its trees any more.
     SinkClosed,
+    #[error(
+        "its notified tree would hold more than {max} bytes of host memory as lifted, its memory limit (rule tree-host-memory); refused before it was copied out"
+    )]
+    /// It notified a tree whose host form would exceed its memory limit ([`super::lift`]).
+    TreeHostMemory {
+        /// The guest's memory limit, in bytes.
+        max: usize,
+    },
 }
 
 /// Turns a wasmtime error into a cause an operator can act on.

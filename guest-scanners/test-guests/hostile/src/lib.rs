@@ -23,6 +23,8 @@
 //!   [`hostfs_attacks`].
 //! * `giant-capacity`, `wide-text`, `attribute-flood`, `many-devices`: attacks on the output
 //!   policy through `notify-with-attributes`, in [`output_attacks`].
+//! * `lift-alias`, `read-alias`: attacks on how the host copies arguments out of the guest, in
+//!   [`lift_attacks`].
 
 mod hostfs_attacks;
 
@@ -32,10 +34,11 @@ use std::hint::black_box;
 use std::io::{Read, Write};
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify};
 
+pub mod lift_attacks;
 pub mod output_attacks;
 
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 15] = [
+pub const ATTACKS: [&str; 17] = [
     "probe",
     "memory",
     "spin",
@@ -51,6 +54,8 @@ pub const ATTACKS: [&str; 15] = [
     "wide-text",
     "attribute-flood",
     "many-devices",
+    "lift-alias",
+    "read-alias",
 ];
 
 /// The paths `batch-probe` reads in one `read-files` call: every way out of /sys a single read
@@ -574,6 +579,7 @@ impl wdp_guest::Scanner for Hostile {
                 Err("LEAKED: the host accepted an unliftable notify".into())
             }
             a if output_attacks::OUTPUT_ATTACKS.contains(&a) => output_attacks::run(a),
+            a if lift_attacks::LIFT_ATTACKS.contains(&a) => lift_attacks::run(a),
             "notify-then-spin" => {
                 notify(&single("before", "x"));
                 spin()
