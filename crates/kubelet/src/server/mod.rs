@@ -257,17 +257,14 @@ mod tests {
             .expect("a device list within 10 s")
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_server_registers_lists_updates_and_answers_through_its_plugin() {
-        let dir = tempfile::tempdir().unwrap();
-        let plugins = dir.path().join("device-plugins");
-        let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+    /// Serves the one-device resource `example.com/ids` in `plugins`, reporting to the returned
+    /// reports.
+    fn serve_ids(plugins: &std::path::Path) -> (ResourceServer<Ids>, Arc<Reports>) {
         let sockets = Arc::new(PluginSockets {
-            dir: PluginDir::watch(&plugins).unwrap(),
+            dir: PluginDir::watch(plugins).unwrap(),
             socket: plugins.join(crate::KUBELET_SOCKET_NAME),
         });
-        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
-        let socket = resource.socket.clone();
+        let resource = Resource::new("example.com", "ids", plugins).unwrap();
         let reports = Arc::new(Reports::default());
         let server = ResourceServer::start(
             sockets,
@@ -276,6 +273,18 @@ mod tests {
             Ids,
             reports.clone(),
         );
+        (server, reports)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_server_registers_lists_updates_and_answers_through_its_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("device-plugins");
+        let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
+        let (server, reports) = serve_ids(&plugins);
+        let socket = Resource::new("example.com", "ids", &plugins)
+            .unwrap()
+            .socket;
 
         assert_eq!(next_list(&mut observed, "example.com/ids").await, ["a"]);
         // kubelet may open its stream before the server has read Register's answer.
@@ -345,19 +354,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plugins = dir.path().join("device-plugins");
         let (mut kubelet, mut observed) = StandIn::start(&plugins).unwrap();
-        let sockets = Arc::new(PluginSockets {
-            dir: PluginDir::watch(&plugins).unwrap(),
-            socket: plugins.join(crate::KUBELET_SOCKET_NAME),
-        });
-        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
-        let reports = Arc::new(Reports::default());
-        let server = ResourceServer::start(
-            sockets,
-            resource,
-            Arc::new(vec!["a".to_string()]),
-            Ids,
-            reports.clone(),
-        );
+        let (server, reports) = serve_ids(&plugins);
         let registered = |n: usize| {
             let reports = reports.clone();
             move || {
@@ -406,19 +403,7 @@ mod tests {
         let plugins = dir.path().join("device-plugins");
         let (kubelet, _observed) = StandIn::start(&plugins).unwrap();
         kubelet.refuse(Some("no room for example.com/ids".into()));
-        let sockets = Arc::new(PluginSockets {
-            dir: PluginDir::watch(&plugins).unwrap(),
-            socket: plugins.join(crate::KUBELET_SOCKET_NAME),
-        });
-        let resource = Resource::new("example.com", "ids", &plugins).unwrap();
-        let reports = Arc::new(Reports::default());
-        let server = ResourceServer::start(
-            sockets,
-            resource,
-            Arc::new(vec!["a".to_string()]),
-            Ids,
-            reports.clone(),
-        );
+        let (server, reports) = serve_ids(&plugins);
         until("refused twice", || {
             reports.failures.lock().unwrap().len() >= 2
         })
