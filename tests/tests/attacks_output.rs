@@ -124,6 +124,18 @@ fn scanner_config(name: &str, namespace: &str, env: &str, memory: &str) -> Strin
     )
 }
 
+/// `wdp run` of the kvm scanner and `scanners` (config entries) over a fixture holding
+/// /dev/kvm, served to a kubelet stand-in; the fixture is returned for the test's own changes.
+fn run_beside_kvm(scanners: &str) -> (Fixture, StandIn, mpsc::UnboundedReceiver<Observed>, Host) {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232);
+    let config = f.write_config(&format!("scanners:\n{}{scanners}", kvm_config()));
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).unwrap();
+    let host = Host::start(&config, &plugins, &f);
+    (f, kubelet, observed, host)
+}
+
 fn kvm_config() -> String {
     format!(
         "  - name: kvm
@@ -137,21 +149,12 @@ fn kvm_config() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_attribute_changes_sends_kubelet_a_bounded_number_of_lists() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let config = f.write_config(&format!(
-        "scanners:\n{}{}",
-        kvm_config(),
-        scanner_config(
-            "flood",
-            "flood.example.com",
-            "ATTACK: attribute-flood, FLOOD: 100000",
-            "16Mi"
-        ),
+    let (f, kubelet, mut observed, host) = run_beside_kvm(&scanner_config(
+        "flood",
+        "flood.example.com",
+        "ATTACK: attribute-flood, FLOOD: 100000",
+        "16Mi",
     ));
-    let plugins = f.plugin_dir();
-    let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
-    let host = Host::start(&config, &plugins, &f);
     let mut lists = BTreeMap::new();
     // The guest's last tree adds `done` after 100,000 notifies of [x] with one attribute
     // changed: kubelet sees [x] (and [done, x] at the end), not an update per notify.
@@ -211,9 +214,7 @@ const MEMORY_BOUND_KIB: u64 = (64 + 4 * 4 * 16) << 10;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_guests_of_16384_devices_with_attributes_keep_the_host_in_its_memory_bound() {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let mut scanners = kvm_config();
+    let mut scanners = String::new();
     for i in 0..4 {
         scanners.push_str(&scanner_config(
             &format!("many{i}"),
@@ -222,10 +223,7 @@ async fn four_guests_of_16384_devices_with_attributes_keep_the_host_in_its_memor
             "16Mi",
         ));
     }
-    let config = f.write_config(&format!("scanners:\n{scanners}"));
-    let plugins = f.plugin_dir();
-    let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
-    let host = Host::start(&config, &plugins, &f);
+    let (f, kubelet, mut observed, host) = run_beside_kvm(&scanners);
     let mut lists = BTreeMap::new();
     // Each guest's last tree has `done` among its 16,384 devices: served, all four.
     until_lists(
@@ -277,21 +275,12 @@ const ALIAS_BOUND_KIB: u64 = (64 + 4 * 16) << 10;
 /// refused with `cause` in the log, the host's peak stays within [`ALIAS_BOUND_KIB`], and the
 /// other scanner keeps being served.
 async fn aliased_arguments_are_refused(attack: &str, cause: &str) {
-    let f = Fixture::new();
-    f.char_dev("kvm", 10, 232);
-    let config = f.write_config(&format!(
-        "scanners:\n{}{}",
-        kvm_config(),
-        scanner_config(
-            "alias",
-            "alias.example.com",
-            &format!("ATTACK: {attack}"),
-            "16Mi"
-        ),
+    let (f, kubelet, mut observed, host) = run_beside_kvm(&scanner_config(
+        "alias",
+        "alias.example.com",
+        &format!("ATTACK: {attack}"),
+        "16Mi",
     ));
-    let plugins = f.plugin_dir();
-    let (kubelet, mut observed) = StandIn::start(&plugins).unwrap();
-    let host = Host::start(&config, &plugins, &f);
     let mut lists = BTreeMap::new();
     until_lists(
         &mut observed,
