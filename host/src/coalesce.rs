@@ -30,8 +30,9 @@ use crate::sandbox::{SinkClosed, TreeSink};
 /// Shortest time between two trees of one scanner taken for validation.
 pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(100);
 
-/// A notified tree as the guest gave it, with its attributes.
-pub type Notified = (wit::DeviceTree, Vec<wit::DeviceAttributes>);
+/// A notified tree as the guest gave it, with its attributes and what their host form was
+/// charged as they were lifted.
+pub type Notified = (wit::DeviceTree, Vec<wit::DeviceAttributes>, usize);
 
 /// What the sink and the supervisor share.
 struct Slot {
@@ -93,6 +94,7 @@ impl TreeSink for NotifySink {
         &mut self,
         tree: wit::DeviceTree,
         attributes: Vec<wit::DeviceAttributes>,
+        bytes: usize,
     ) -> BoxFuture<'_, Result<(), SinkClosed>> {
         // The scan that began at the guest's last wake-up ends here, whenever it is validated.
         self.metrics.notified();
@@ -105,7 +107,7 @@ impl TreeSink for NotifySink {
                 && state
                     .last
                     .is_none_or(|last| Instant::now() >= last + self.slot.interval);
-            (state.pending.replace((tree, attributes)), due)
+            (state.pending.replace((tree, attributes, bytes)), due)
         };
         if replaced.is_some() {
             ScannerMetrics::bump(&self.metrics.notifies_coalesced);
@@ -224,7 +226,7 @@ mod tests {
         // An interval no test outlasts: every notify after the first is in its burst.
         let (mut sink, mut latest) = coalescing_every(Duration::from_secs(3600), metrics.clone());
         // The first notify is ready at once, and returns once it is taken.
-        let (notified, taken) = tokio::join!(sink.notify(tree("a"), vec![]), async {
+        let (notified, taken) = tokio::join!(sink.notify(tree("a"), vec![], 0), async {
             latest.ready().now_or_never().expect("ready at once");
             latest.take()
         });
@@ -233,7 +235,7 @@ mod tests {
         // A burst right after: each notify returns at once; the taker is not ready before the
         // interval's end, then gets the burst's last tree.
         for i in 0..1000 {
-            sink.notify(tree(&format!("b{i}")), vec![]).await.unwrap();
+            sink.notify(tree(&format!("b{i}")), vec![], 0).await.unwrap();
         }
         assert!(latest.ready().now_or_never().is_none());
         assert_eq!(id(latest.take()), "b999");
@@ -241,7 +243,7 @@ mod tests {
         assert!(latest.take().is_none());
         // Nobody takes trees: the guest's notify fails.
         latest.close();
-        assert!(sink.notify(tree("d"), vec![]).await.is_err());
+        assert!(sink.notify(tree("d"), vec![], 0).await.is_err());
     }
 
     #[tokio::test]
@@ -249,7 +251,7 @@ mod tests {
         let interval = Duration::from_millis(20);
         let (mut sink, mut latest) = coalescing_every(interval, Arc::default());
         for name in ["a", "b"] {
-            let (notified, taken) = tokio::join!(sink.notify(tree(name), vec![]), async {
+            let (notified, taken) = tokio::join!(sink.notify(tree(name), vec![], 0), async {
                 latest.ready().now_or_never().expect("ready at once");
                 latest.take()
             });
@@ -262,13 +264,13 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_wait_loses_nothing() {
         let (mut sink, mut latest) = coalescing_every(Duration::from_secs(3600), Arc::default());
-        tokio::join!(sink.notify(tree("a"), vec![]), async {
+        tokio::join!(sink.notify(tree("a"), vec![], 0), async {
             latest.ready().await;
             latest.take()
         })
         .0
         .unwrap();
-        sink.notify(tree("b"), vec![]).await.unwrap();
+        sink.notify(tree("b"), vec![], 0).await.unwrap();
         // Waiting is cut short by something else, as when the guest's scan ends first: the tree
         // is still there for the last take.
         assert!(latest.ready().now_or_never().is_none());

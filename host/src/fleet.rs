@@ -170,7 +170,7 @@ impl Fleet {
         }
         // The manager removes the scanner from `obs` once its servers are stopped.
         manager = manager.with_status(status);
-        let manager = tokio::spawn(manager.run(rx));
+        let manager = tokio::spawn(manager.run(rx, tx.downgrade()));
         let supervisor = tokio::spawn(supervise(
             self.sandbox.clone(),
             scanner,

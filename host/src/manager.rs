@@ -207,7 +207,18 @@ impl Manager {
 
     /// Applies events until the scanner's channel closes, then stops every server and removes
     /// the scanner from the shared status.
-    pub async fn run(mut self, mut events: mpsc::Receiver<ScannerEvent>) {
+    ///
+    /// `queue` is the sending side of `events`, held weakly (the channel still closes when the
+    /// supervisor goes): while a tree is applied, the manager holds a place in it. The
+    /// supervisor validates a scanner's next tree only once every place is free
+    /// ([`crate::scanner`]), so a validated tree never waits beside the one being applied: the
+    /// host holds at most two validated forms of a scanner's tree, the one served and the one
+    /// replacing it.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<ScannerEvent>,
+        queue: mpsc::WeakSender<ScannerEvent>,
+    ) {
         if let Dra::Configured(config, roots) = &self.dra {
             self.dra = match DraDriver::start(config, roots, &self.namespace, self.status.clone()) {
                 Ok(driver) => Dra::Running(driver),
@@ -219,6 +230,8 @@ impl Manager {
             };
         }
         while let Some(event) = events.recv().await {
+            // Released when the event is done with; none when the supervisor is gone.
+            let _applying = queue.upgrade().and_then(|tx| tx.try_reserve_owned().ok());
             self.status.event(&event);
             match event {
                 ScannerEvent::Tree(tree) => {

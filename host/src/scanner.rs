@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::bindings::scanner::ScannerPluginPre;
 use crate::bindings::types as wit;
-use crate::coalesce::{Latest, coalescing};
+use crate::coalesce::{Latest, Notified, coalescing};
 use crate::policy::Policy;
 use crate::sandbox::{Guest, GuestState, Sandbox, SinkClosed, Stopped, TreeSink, describe};
 use crate::topology::Topology;
@@ -105,20 +105,13 @@ impl EventSink {
 }
 
 impl EventSink {
-    fn event(
-        &mut self,
-        tree: wit::DeviceTree,
-        attributes: Vec<wit::DeviceAttributes>,
-    ) -> ScannerEvent {
-        checked(&mut self.validator, tree, attributes)
-    }
-
     /// Validates and sends each tree of `latest` when it is due, until the events' reader is
-    /// gone. A tree is taken only once the reader has taken every event before it (the whole
-    /// queue is reserved), so at most one validated tree waits in the queue: while the reader
-    /// lags, the guest's trees keep replacing the pending one instead of queueing, each
-    /// validated tree a copy of a possibly large tree. Cancel-safe: room is reserved before a
-    /// tree is taken, so a tree taken is sent.
+    /// gone. A tree is taken only once the reader is done with every event before it (the whole
+    /// queue is reserved, and the manager holds a place while it applies a tree:
+    /// [`crate::manager::Manager::run`]), so a validated tree is never made while another waits
+    /// or is being applied: while the reader lags, the guest's trees keep replacing the pending
+    /// one instead of queueing, each validated tree a form of a possibly large tree.
+    /// Cancel-safe: room is reserved before a tree is taken, so a tree taken is sent.
     async fn deliver(&mut self, latest: &mut Latest) -> SinkClosed {
         loop {
             latest.ready().await;
@@ -126,28 +119,28 @@ impl EventSink {
                 latest.close();
                 return SinkClosed;
             };
-            if let (Some(permit), Some((tree, attributes))) = (permits.next(), latest.take()) {
-                permit.send(checked(&mut self.validator, tree, attributes));
+            if let (Some(permit), Some(notified)) = (permits.next(), latest.take()) {
+                permit.send(checked(&mut self.validator, notified));
             }
         }
     }
 
-    /// Sends what `latest` still holds: the last tree of a scan is never lost.
+    /// Sends what `latest` still holds: the last tree of a scan is never lost. Validated, as in
+    /// [`EventSink::deliver`], only once the reader is done with every event before it.
     async fn flush(&mut self, latest: &mut Latest) {
-        if let Some((tree, attributes)) = latest.take() {
-            let event = self.event(tree, attributes);
-            let _ = self.events.send(event).await;
+        let Ok(mut permits) = self.events.reserve_many(self.events.max_capacity()).await else {
+            latest.close();
+            return;
+        };
+        if let (Some(permit), Some(notified)) = (permits.next(), latest.take()) {
+            permit.send(checked(&mut self.validator, notified));
         }
     }
 }
 
 /// A notified tree as an event: validated, or refused.
-fn checked(
-    validator: &mut Validator,
-    tree: wit::DeviceTree,
-    attributes: Vec<wit::DeviceAttributes>,
-) -> ScannerEvent {
-    match validator.check_with_attributes(tree, attributes) {
+fn checked(validator: &mut Validator, (tree, attributes, bytes): Notified) -> ScannerEvent {
+    match validator.check_lifted(tree, attributes, bytes) {
         Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
         Err(e) => ScannerEvent::Refused(e),
     }
@@ -158,8 +151,9 @@ impl TreeSink for EventSink {
         &mut self,
         tree: wit::DeviceTree,
         attributes: Vec<wit::DeviceAttributes>,
+        bytes: usize,
     ) -> BoxFuture<'_, Result<(), SinkClosed>> {
-        let event = self.event(tree, attributes);
+        let event = checked(&mut self.validator, (tree, attributes, bytes));
         Box::pin(async move { self.events.send(event).await.map_err(|_| SinkClosed) })
     }
 }

@@ -98,6 +98,18 @@ impl Validator {
         attributes: Vec<wit::DeviceAttributes>,
     ) -> Result<DeviceTree, OutputError> {
         let bytes = crate::footprint::lifted_bytes(&tree, &attributes);
+        self.check_lifted(tree, attributes, bytes)
+    }
+
+    /// [`Validator::check_with_attributes`] of a tree whose host form was charged at `bytes` as
+    /// it was lifted out of the guest (`sandbox::lift`): the tree is not walked again to count
+    /// it.
+    pub fn check_lifted(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+        bytes: usize,
+    ) -> Result<DeviceTree, OutputError> {
         if bytes > self.memory {
             let e = OutputError::TreeHostMemory {
                 bytes,

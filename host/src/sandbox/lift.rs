@@ -17,7 +17,7 @@ use wasmtime::{AsContext, StoreContextMut};
 
 use super::GuestState;
 use super::state::Stopped;
-use crate::bindings::{notifier, types};
+use crate::bindings::types;
 use crate::footprint::heap;
 
 /// The notifier instance the host defines; guests importing 0.1.0 are matched to it by semver.
@@ -103,16 +103,16 @@ pub fn install(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     let mut instance = linker.instance(NOTIFIER)?;
     instance.func_wrap_async("notify", |mut store, (tree,): (WasmList<RawGroup>,)| {
         Box::new(async move {
-            let (tree, attributes) = lift(&mut store, &tree, None)?;
-            notifier::Host::notify_with_attributes(store.data_mut(), tree, attributes).await
+            let (tree, attributes, bytes) = lift(&mut store, &tree, None)?;
+            store.data_mut().notified(tree, attributes, bytes).await
         })
     })?;
     instance.func_wrap_async(
         "notify-with-attributes",
         |mut store, (tree, attributes): (WasmList<RawGroup>, WasmList<RawAttributes>)| {
             Box::new(async move {
-                let (tree, attributes) = lift(&mut store, &tree, Some(&attributes))?;
-                notifier::Host::notify_with_attributes(store.data_mut(), tree, attributes).await
+                let (tree, attributes, bytes) = lift(&mut store, &tree, Some(&attributes))?;
+                store.data_mut().notified(tree, attributes, bytes).await
             })
         },
     )?;
@@ -138,11 +138,12 @@ impl Charge {
     }
 }
 
+/// The tree and attributes, and what their host form was charged.
 fn lift(
     store: Store<'_, '_>,
     tree: &WasmList<RawGroup>,
     attributes: Option<&WasmList<RawAttributes>>,
-) -> wasmtime::Result<(types::DeviceTree, Vec<types::DeviceAttributes>)> {
+) -> wasmtime::Result<(types::DeviceTree, Vec<types::DeviceAttributes>, usize)> {
     let max = usize::try_from(store.data().guest.limits.memory).unwrap_or(usize::MAX);
     let mut charge = Charge { spent: 0, max };
     charge.take(size_of::<types::DeviceTree>() + size_of::<Vec<types::DeviceAttributes>>())?;
@@ -170,7 +171,7 @@ fn lift(
             })
         })?,
     };
-    Ok((tree, attributes))
+    Ok((tree, attributes, charge.spent))
 }
 
 /// Copies a list out, its array charged before it is allocated.

@@ -14,12 +14,15 @@ use crate::bindings::types;
 /// a guest that notifies faster than the host consumes, without the sandbox knowing why.
 pub trait TreeSink: Send {
     /// Takes one tree and the typed attributes the guest gave for its devices (none from
-    /// `notify`, a guest's list from `notify-with-attributes`); [`SinkClosed`] when nobody
-    /// listens any more, which stops the guest.
+    /// `notify`, a guest's list from `notify-with-attributes`), with `bytes`, what their host
+    /// form was charged against the guest's memory limit as they were lifted
+    /// ([`crate::footprint`]): nothing downstream walks them again to learn it. [`SinkClosed`]
+    /// when nobody listens any more, which stops the guest.
     fn notify(
         &mut self,
         tree: types::DeviceTree,
         attributes: Vec<types::DeviceAttributes>,
+        bytes: usize,
     ) -> BoxFuture<'_, Result<(), SinkClosed>>;
 }
 

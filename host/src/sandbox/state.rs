@@ -243,10 +243,25 @@ impl notifier::Host for GuestState {
         self.notify_with_attributes(tree, Vec::new()).await
     }
 
+    /// Not reached from a guest (`super::lift` shadows it): a tree from elsewhere is charged
+    /// here, as the lift would have charged it.
     async fn notify_with_attributes(
         &mut self,
         tree: types::DeviceTree,
         attributes: Vec<types::DeviceAttributes>,
+    ) -> wasmtime::Result<()> {
+        let bytes = crate::footprint::lifted_bytes(&tree, &attributes);
+        self.notified(tree, attributes, bytes).await
+    }
+}
+
+impl GuestState {
+    /// A tree lifted out of the guest, its host form charged at `bytes`: handed to the sink.
+    pub(crate) async fn notified(
+        &mut self,
+        tree: types::DeviceTree,
+        attributes: Vec<types::DeviceAttributes>,
+        bytes: usize,
     ) -> wasmtime::Result<()> {
         let _waiting = self.clock.waiting();
         self.cpu.check_in();
@@ -255,7 +270,7 @@ impl notifier::Host for GuestState {
             return Ok(());
         };
         // Waiting here back-pressures a guest that notifies faster than the host consumes.
-        sink.notify(tree, attributes)
+        sink.notify(tree, attributes, bytes)
             .await
             .map_err(|_| Stopped::SinkClosed)?;
         self.cpu.check_in();
