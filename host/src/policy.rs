@@ -11,6 +11,7 @@ use std::ffi::OsStr;
 
 use crate::allocate::ContainerResponse;
 use crate::bindings::types as wit;
+use crate::footprint::Budget;
 use crate::hostfs::DevFs;
 use crate::tree::{DeviceTree, Health, Mount, OutputError};
 
@@ -67,6 +68,20 @@ impl Policy {
         dev: &DevFs,
         known: &dyn Fn(&str) -> bool,
     ) -> Result<DeviceTree, OutputError> {
+        let mut unlimited = Budget::new(usize::MAX);
+        self.check_tree_charged(groups, attributes, dev, known, &mut unlimited)
+    }
+
+    /// [`Policy::check_tree_knowing`], the validated tree charged to `budget` as it is built
+    /// ([`crate::footprint`]).
+    pub fn check_tree_charged(
+        &self,
+        groups: Vec<wit::DeviceGroup>,
+        attributes: Vec<wit::DeviceAttributes>,
+        dev: &DevFs,
+        known: &dyn Fn(&str) -> bool,
+        budget: &mut Budget,
+    ) -> Result<DeviceTree, OutputError> {
         self.check_sizes(&groups, &attributes)?;
         if let Some(g) = groups
             .iter()
@@ -77,7 +92,7 @@ impl Policy {
                 max: self.max_dev_type_len,
             });
         }
-        let tree = DeviceTree::from_guest(groups)?;
+        let tree = DeviceTree::from_guest_within(groups, budget)?;
         let mut nodes = NodeCheck::new(dev);
         for (id, info) in tree.0.values().flat_map(|g| g.iter()) {
             let owner = || format!("device {id:?}");
@@ -104,7 +119,7 @@ impl Policy {
                 .map_or_else(|| "a device".into(), |(id, _)| format!("device {id:?}"))
         })?;
         let mut tree = tree;
-        tree.attach(attributes)?;
+        tree.attach_within(attributes, budget)?;
         Ok(tree)
     }
 

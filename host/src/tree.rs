@@ -12,6 +12,7 @@ use std::collections::btree_map::Entry;
 use serde::Serialize;
 
 use crate::bindings::types as wit;
+use crate::footprint::{self, Budget};
 use wdp_kubelet::names::is_dev_type;
 
 pub mod attributes;
@@ -241,15 +242,17 @@ pub enum OutputError {
         max: usize,
     },
     #[error(
-        "the tree would hold about {bytes} bytes of host memory as lifted, more than the scanner's memory limit of {max} bytes charged for it (send fewer or smaller devices, or raise limits.memory)"
+        "the tree would hold more than {bytes} bytes of host memory as {form}, more than the scanner's memory limit of {max} bytes charged for it (send fewer or smaller devices, or raise limits.memory)"
     )]
     /// A tree whose host form is larger than its guest's memory limit allows
     /// ([`crate::footprint`]).
     TreeHostMemory {
-        /// The estimate of its host form, in bytes.
+        /// The estimate of its host form, in bytes (when it was refused: at least this much).
         bytes: usize,
         /// The guest's memory limit, in bytes.
         max: usize,
+        /// Which form: `lifted` or `validated`.
+        form: &'static str,
     },
     #[error("the strings of the tree exceed {max} bytes, the policy's limit")]
     /// A tree larger than the policy allows.
@@ -323,6 +326,16 @@ impl OutputError {
 impl DeviceTree {
     /// Validates and converts what a guest notified. The whole tree is refused on the first error.
     pub fn from_guest(groups: Vec<wit::DeviceGroup>) -> Result<Self, OutputError> {
+        Self::from_guest_within(groups, &mut Budget::new(usize::MAX))
+    }
+
+    /// [`DeviceTree::from_guest`], each device charged to `budget` as it is made
+    /// ([`crate::footprint`]): a tree whose validated form would pass it is refused before it
+    /// does (rule `tree-host-memory`).
+    pub fn from_guest_within(
+        groups: Vec<wit::DeviceGroup>,
+        budget: &mut Budget,
+    ) -> Result<Self, OutputError> {
         let mut tree = BTreeMap::new();
         for group in groups {
             if !is_dev_type(&group.dev_type) {
@@ -339,6 +352,12 @@ impl DeviceTree {
                     });
                 }
                 let info = DeviceInfo::from_guest(&device.id, device.info)?;
+                let n = devices.len();
+                budget.take(
+                    footprint::validated_device(&device.id, &info)
+                        + footprint::btree::<String, DeviceInfo>(n + 1)
+                        - footprint::btree::<String, DeviceInfo>(n),
+                )?;
                 match devices.entry(device.id) {
                     Entry::Vacant(slot) => {
                         slot.insert(info);
@@ -356,6 +375,12 @@ impl DeviceTree {
                     value: group.dev_type,
                 });
             }
+            let n = tree.len();
+            budget.take(
+                footprint::heap(group.dev_type.len())
+                    + footprint::btree::<String, DeviceGroup>(n + 1)
+                    - footprint::btree::<String, DeviceGroup>(n),
+            )?;
             tree.insert(group.dev_type, devices);
         }
         Ok(DeviceTree(tree))
@@ -364,16 +389,31 @@ impl DeviceTree {
     /// Validates the typed attributes a guest gave with this tree and keeps them on their
     /// devices; the tree is refused as a whole when one breaks a rule, as for any other rule.
     pub fn attach(&mut self, entries: Vec<wit::DeviceAttributes>) -> Result<(), OutputError> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let validated = attributes::validate(entries, |dev_type, id| {
-            self.0.get(dev_type).is_some_and(|g| g.contains_key(id))
-        })?;
-        for ((dev_type, id), attrs) in validated {
-            if let Some(info) = self.0.get_mut(&dev_type).and_then(|g| g.get_mut(&id)) {
+        self.attach_within(entries, &mut Budget::new(usize::MAX))
+    }
+
+    /// [`DeviceTree::attach`], each device's attributes charged to `budget` as they are kept.
+    /// The entries are sorted in place, so an entry naming a device already given is the one
+    /// before it: nothing is built beside the tree to find it.
+    pub fn attach_within(
+        &mut self,
+        mut entries: Vec<wit::DeviceAttributes>,
+        budget: &mut Budget,
+    ) -> Result<(), OutputError> {
+        entries.sort_unstable_by(|a, b| (&a.dev_type, &a.id).cmp(&(&b.dev_type, &b.id)));
+        let mut last: Option<(String, String)> = None;
+        for entry in entries {
+            let has_device =
+                |dev_type: &str, id: &str| self.0.get(dev_type).is_some_and(|g| g.contains_key(id));
+            let (key, attrs) = attributes::validate_entry(entry, &has_device)?;
+            if last.as_ref() == Some(&key) {
+                return Err(attributes::duplicate(key).into());
+            }
+            budget.take(footprint::attributes(&attrs))?;
+            if let Some(info) = self.0.get_mut(&key.0).and_then(|g| g.get_mut(&key.1)) {
                 info.attributes = attrs;
             }
+            last = Some(key);
         }
         Ok(())
     }
@@ -642,6 +682,31 @@ mod tests {
         assert_eq!(t.device_count(), 2);
         let ids: Vec<_> = t.0["kvm"].keys().cloned().collect();
         assert_eq!(ids, ["kvm-0", "kvm-1"]);
+    }
+
+    /// Entries are checked in the order of their devices, not the guest's: a device given
+    /// attributes twice is refused wherever the two entries are.
+    #[test]
+    fn a_device_given_attributes_twice_is_refused() {
+        let entry = |id: &str, model: &str| wit::DeviceAttributes {
+            dev_type: "kvm".into(),
+            id: id.into(),
+            attributes: vec![("model".into(), wit::AttributeValue::Text(model.into()))],
+            capacities: vec![],
+        };
+        let mut t = DeviceTree::from_guest(tree("kvm", &["kvm-0", "kvm-1"], info())).unwrap();
+        t.attach(vec![entry("kvm-1", "b"), entry("kvm-0", "a")])
+            .unwrap();
+        assert_eq!(
+            t.0["kvm"]["kvm-0"].attributes.attributes["model"],
+            AttributeValue::String("a".into())
+        );
+        let err = t
+            .attach(vec![entry("kvm-0", "a"), entry("kvm-1", "b"), entry("kvm-0", "c")])
+            .unwrap_err();
+        assert_eq!(err.rule(), "attribute-device-unique", "{err}");
+        let err = t.attach(vec![entry("kvm-2", "a")]).unwrap_err();
+        assert_eq!(err.rule(), "attribute-device-exists", "{err}");
     }
 
     #[test]

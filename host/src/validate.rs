@@ -23,6 +23,7 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use rustc_hash::FxHashMap;
 
 use crate::bindings::types as wit;
+use crate::footprint::Budget;
 use crate::hostfs::DevFs;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
@@ -74,11 +75,11 @@ impl Validator {
         }
     }
 
-    /// Charges each tree's host form against `memory`, the guest's memory limit: a tree whose
-    /// lifted form is larger is refused before anything is copied from it, so no copy the host
-    /// keeps of a guest's tree is larger than the memory the guest was given. (The sandbox's lift
-    /// charges the same sum as it copies the tree out of the guest, so a notified tree reaches
-    /// this check only within it.)
+    /// Charges each form of a tree the host keeps against `memory`, the guest's memory limit: a
+    /// tree whose lifted form (as the sandbox charged it while lifting it) is larger is refused
+    /// before anything is made of it, and one whose validated form would be larger is refused
+    /// as that is built, so no form the host keeps of a guest's tree is larger than the memory
+    /// the guest was given ([`crate::footprint`]).
     pub fn charging(mut self, memory: usize) -> Self {
         self.memory = memory;
         self
@@ -114,6 +115,7 @@ impl Validator {
             let e = OutputError::TreeHostMemory {
                 bytes,
                 max: self.memory,
+                form: "lifted",
             };
             drop((tree, attributes));
             ScannerMetrics::bump(&self.metrics.trees_refused);
@@ -131,9 +133,10 @@ impl Validator {
         }
         let memo = &self.memo;
         let known = |path: &str| memo.as_ref().is_some_and(|m| m.exists(path));
-        let checked = self
-            .policy
-            .check_tree_knowing(tree, attributes, &self.devfs, &known);
+        let mut budget = Budget::new(self.memory);
+        let checked =
+            self.policy
+                .check_tree_charged(tree, attributes, &self.devfs, &known, &mut budget);
         match checked {
             Ok(mut tree) => {
                 match &mut self.memo {
@@ -542,14 +545,22 @@ mod tests {
         assert_eq!(v.check(tree(1)).unwrap_err().rule(), "node-exists");
     }
 
-    /// A tree whose host form exceeds the guest's memory limit is refused by its rule, before
-    /// anything is copied out of it; at the limit it passes.
+    /// A tree whose host form exceeds the guest's memory limit is refused by its rule: the
+    /// lifted form before anything is made of it, the validated form as it is built; with room
+    /// for both it passes.
     #[test]
     fn a_tree_larger_on_the_host_than_its_guests_memory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("bulk")).unwrap();
-        mknod(&dir.path().join("bulk/n0"), 0);
-        let bytes = crate::footprint::lifted_bytes(&tree(1), &[]);
+        for i in 0..40 {
+            mknod(&dir.path().join(format!("bulk/n{i}")), i);
+        }
+        let lifted = crate::footprint::lifted_bytes(&tree(40), &[]);
+        let validated = crate::footprint::validated_bytes(
+            &Policy::default()
+                .check_tree(tree(40), &DevFs::open(dir.path()).unwrap())
+                .unwrap(),
+        );
         let at = |memory| {
             Validator::new(
                 "charged".into(),
@@ -559,9 +570,15 @@ mod tests {
                 Arc::new(Topology::new(&dir.path().join("sys"))),
             )
             .charging(memory)
+            .check(tree(40))
         };
-        at(bytes).check(tree(1)).unwrap();
-        let err = at(bytes - 1).check(tree(1)).unwrap_err();
+        // A map of 40 devices in nodes of eleven slots, their specs' arrays: larger validated.
+        assert!(validated > lifted, "{validated} <= {lifted}");
+        at(validated).unwrap();
+        let err = at(validated - 1).unwrap_err();
         assert_eq!(err.rule(), "tree-host-memory", "{err}");
+        assert!(err.to_string().contains("as validated"), "{err}");
+        let err = at(lifted - 1).unwrap_err();
+        assert!(err.to_string().contains("as lifted"), "{err}");
     }
 }

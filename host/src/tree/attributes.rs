@@ -6,7 +6,6 @@
 //! they are checked once, when the tree is, and kept on the validated tree's devices. The
 //! device-plugin servers ignore them: kubelet's Device Plugin API has no place for them.
 
-use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -75,6 +74,17 @@ impl<V> Default for Named<V> {
 }
 
 impl<V> Named<V> {
+    /// Room for `n` values without growing: validation knows how many a device gives, and an
+    /// array grown by doubling would hold up to twice what it holds ([`crate::footprint`]).
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Named(Vec::with_capacity(n))
+    }
+
+    /// How many values it has room for (its host memory, [`crate::footprint`]).
+    pub(crate) fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+
     fn position(&self, name: &str) -> Result<usize, usize> {
         self.0.binary_search_by(|(n, _)| n.as_str().cmp(name))
     }
@@ -225,79 +235,97 @@ pub struct AttributeError {
 }
 
 /// Checks the guest's `entries` for the devices of `tree` (`dev-type -> id -> ()`-like lookup
-/// through `has_device`), returning each device's validated attributes. The entries are taken
-/// apart, not copied: a tree of 16,384 devices with attributes is large.
-pub fn validate(
+/// through `has_device`), returning each device's validated attributes: the rules of one
+/// entry as [`crate::tree::DeviceTree::attach`] applies them, tested here entry by entry.
+#[cfg(test)]
+pub(crate) fn validate(
     entries: Vec<wit::DeviceAttributes>,
     has_device: impl Fn(&str, &str) -> bool,
-) -> Result<BTreeMap<(String, String), Attributes>, AttributeError> {
-    let mut out = BTreeMap::new();
+) -> Result<std::collections::BTreeMap<(String, String), Attributes>, AttributeError> {
+    let mut out = std::collections::BTreeMap::new();
     for entry in entries {
-        let wit::DeviceAttributes {
-            dev_type,
-            id,
-            attributes,
-            capacities,
-        } = entry;
-        let err = |name: &str, rule| AttributeError {
-            dev_type: dev_type.clone(),
-            id: id.clone(),
-            name: name.to_string(),
-            rule,
-        };
-        if !has_device(&dev_type, &id) {
-            return Err(err("", AttributeRule::UnknownDevice));
-        }
-        if attributes.len() + capacities.len() > MAX_PER_DEVICE {
-            return Err(err("", AttributeRule::TooMany));
-        }
-        let mut attrs = Attributes::default();
-        for (name, value) in attributes {
-            check_name(&name).map_err(|rule| err(&name, rule))?;
-            let value = match value {
-                wit::AttributeValue::Boolean(b) => AttributeValue::Bool(b),
-                wit::AttributeValue::Int(i) => AttributeValue::Int(i),
-                wit::AttributeValue::Text(s) => {
-                    if s.len() > MAX_VALUE {
-                        return Err(err(&name, AttributeRule::StringLength));
-                    }
-                    AttributeValue::String(s)
-                }
-                wit::AttributeValue::Version(v) => {
-                    if v.len() > MAX_VALUE || semver::Version::parse(&v).is_err() {
-                        return Err(err(&name, AttributeRule::Version));
-                    }
-                    AttributeValue::Version(v)
-                }
-            };
-            if attrs.attributes.contains_key(&name) {
-                return Err(err(&name, AttributeRule::DuplicateName));
-            }
-            attrs.attributes.insert(name, value);
-        }
-        for (name, quantity) in capacities {
-            check_name(&name).map_err(|rule| err(&name, rule))?;
-            if !is_quantity(&quantity) {
-                return Err(err(&name, AttributeRule::Quantity));
-            }
-            if attrs.attributes.contains_key(&name) || attrs.capacities.contains_key(&name) {
-                return Err(err(&name, AttributeRule::DuplicateName));
-            }
-            attrs.capacities.insert(name, quantity);
-        }
-        let key = (dev_type, id);
+        let (key, attrs) = validate_entry(entry, &has_device)?;
         if out.contains_key(&key) {
-            let (dev_type, id) = key;
-            return Err(AttributeError {
-                dev_type,
-                id,
-                name: String::new(),
-                rule: AttributeRule::DuplicateDevice,
-            });
+            return Err(duplicate(key));
         }
         out.insert(key, attrs);
     }
     Ok(out)
+}
+
+/// A second entry for device `(dev_type, id)`.
+pub(crate) fn duplicate((dev_type, id): (String, String)) -> AttributeError {
+    AttributeError {
+        dev_type,
+        id,
+        name: String::new(),
+        rule: AttributeRule::DuplicateDevice,
+    }
+}
+
+/// Checks one of the guest's entries (whether another names the same device is the caller's
+/// to check), returning its device's `(dev-type, id)` and its validated attributes, made of the
+/// entry's own strings.
+pub(crate) fn validate_entry(
+    entry: wit::DeviceAttributes,
+    has_device: &impl Fn(&str, &str) -> bool,
+) -> Result<((String, String), Attributes), AttributeError> {
+    let wit::DeviceAttributes {
+        dev_type,
+        id,
+        attributes,
+        capacities,
+    } = entry;
+    let err = |name: &str, rule| AttributeError {
+        dev_type: dev_type.clone(),
+        id: id.clone(),
+        name: name.to_string(),
+        rule,
+    };
+    if !has_device(&dev_type, &id) {
+        return Err(err("", AttributeRule::UnknownDevice));
+    }
+    if attributes.len() + capacities.len() > MAX_PER_DEVICE {
+        return Err(err("", AttributeRule::TooMany));
+    }
+    let mut attrs = Attributes {
+        attributes: Named::with_capacity(attributes.len()),
+        capacities: Named::with_capacity(capacities.len()),
+    };
+    for (name, value) in attributes {
+        check_name(&name).map_err(|rule| err(&name, rule))?;
+        let value = match value {
+            wit::AttributeValue::Boolean(b) => AttributeValue::Bool(b),
+            wit::AttributeValue::Int(i) => AttributeValue::Int(i),
+            wit::AttributeValue::Text(s) => {
+                if s.len() > MAX_VALUE {
+                    return Err(err(&name, AttributeRule::StringLength));
+                }
+                AttributeValue::String(s)
+            }
+            wit::AttributeValue::Version(v) => {
+                if v.len() > MAX_VALUE || semver::Version::parse(&v).is_err() {
+                    return Err(err(&name, AttributeRule::Version));
+                }
+                AttributeValue::Version(v)
+            }
+        };
+        if attrs.attributes.contains_key(&name) {
+            return Err(err(&name, AttributeRule::DuplicateName));
+        }
+        attrs.attributes.insert(name, value);
+    }
+    for (name, quantity) in capacities {
+        check_name(&name).map_err(|rule| err(&name, rule))?;
+        if !is_quantity(&quantity) {
+            return Err(err(&name, AttributeRule::Quantity));
+        }
+        if attrs.attributes.contains_key(&name) || attrs.capacities.contains_key(&name) {
+            return Err(err(&name, AttributeRule::DuplicateName));
+        }
+        attrs.capacities.insert(name, quantity);
+    }
+    Ok(((dev_type, id), attrs))
 }
 
 /// A qualified name as Kubernetes' `FullyQualifiedName` or its short form: an optional
