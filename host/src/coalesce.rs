@@ -235,7 +235,9 @@ mod tests {
         // A burst right after: each notify returns at once; the taker is not ready before the
         // interval's end, then gets the burst's last tree.
         for i in 0..1000 {
-            sink.notify(tree(&format!("b{i}")), vec![], 0).await.unwrap();
+            sink.notify(tree(&format!("b{i}")), vec![], 0)
+                .await
+                .unwrap();
         }
         assert!(latest.ready().now_or_never().is_none());
         assert_eq!(id(latest.take()), "b999");

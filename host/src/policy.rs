@@ -11,8 +11,8 @@ use std::ffi::OsStr;
 
 use crate::allocate::ContainerResponse;
 use crate::bindings::types as wit;
-use crate::footprint::Budget;
 use crate::hostfs::DevFs;
+use crate::tree::charge::Budget;
 use crate::tree::{DeviceTree, Health, Mount, OutputError};
 
 /// The per-scanner policy. `Default` is the safe default: no mounts, generous size caps.
@@ -73,7 +73,7 @@ impl Policy {
     }
 
     /// [`Policy::check_tree_knowing`], the validated tree charged to `budget` as it is built
-    /// ([`crate::footprint`]).
+    /// ([`crate::tree::charge`]).
     pub fn check_tree_charged(
         &self,
         groups: Vec<wit::DeviceGroup>,

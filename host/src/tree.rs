@@ -12,12 +12,13 @@ use std::collections::btree_map::Entry;
 use serde::Serialize;
 
 use crate::bindings::types as wit;
-use crate::footprint::{self, Budget};
 use wdp_kubelet::names::is_dev_type;
 
 pub mod attributes;
+pub mod charge;
 
 pub use attributes::{AttributeError, AttributeRule, AttributeValue, Attributes, Named};
+use charge::Budget;
 
 /// A device's health, as kubelet spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -330,7 +331,7 @@ impl DeviceTree {
     }
 
     /// [`DeviceTree::from_guest`], each device charged to `budget` as it is made
-    /// ([`crate::footprint`]): a tree whose validated form would pass it is refused before it
+    /// ([`charge`]): a tree whose validated form would pass it is refused before it
     /// does (rule `tree-host-memory`).
     pub fn from_guest_within(
         groups: Vec<wit::DeviceGroup>,
@@ -354,9 +355,9 @@ impl DeviceTree {
                 let info = DeviceInfo::from_guest(&device.id, device.info)?;
                 let n = devices.len();
                 budget.take(
-                    footprint::validated_device(&device.id, &info)
-                        + footprint::btree::<String, DeviceInfo>(n + 1)
-                        - footprint::btree::<String, DeviceInfo>(n),
+                    charge::validated_device(&device.id, &info)
+                        + charge::btree::<String, DeviceInfo>(n + 1)
+                        - charge::btree::<String, DeviceInfo>(n),
                 )?;
                 match devices.entry(device.id) {
                     Entry::Vacant(slot) => {
@@ -377,9 +378,9 @@ impl DeviceTree {
             }
             let n = tree.len();
             budget.take(
-                footprint::heap(group.dev_type.len())
-                    + footprint::btree::<String, DeviceGroup>(n + 1)
-                    - footprint::btree::<String, DeviceGroup>(n),
+                crate::footprint::heap(group.dev_type.len())
+                    + charge::btree::<String, DeviceGroup>(n + 1)
+                    - charge::btree::<String, DeviceGroup>(n),
             )?;
             tree.insert(group.dev_type, devices);
         }
@@ -409,7 +410,7 @@ impl DeviceTree {
             if last.as_ref() == Some(&key) {
                 return Err(attributes::duplicate(key).into());
             }
-            budget.take(footprint::attributes(&attrs))?;
+            budget.take(charge::attributes(&attrs))?;
             if let Some(info) = self.0.get_mut(&key.0).and_then(|g| g.get_mut(&key.1)) {
                 info.attributes = attrs;
             }
@@ -702,7 +703,11 @@ mod tests {
             AttributeValue::String("a".into())
         );
         let err = t
-            .attach(vec![entry("kvm-0", "a"), entry("kvm-1", "b"), entry("kvm-0", "c")])
+            .attach(vec![
+                entry("kvm-0", "a"),
+                entry("kvm-1", "b"),
+                entry("kvm-0", "c"),
+            ])
             .unwrap_err();
         assert_eq!(err.rule(), "attribute-device-unique", "{err}");
         let err = t.attach(vec![entry("kvm-2", "a")]).unwrap_err();

@@ -23,11 +23,11 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use rustc_hash::FxHashMap;
 
 use crate::bindings::types as wit;
-use crate::footprint::Budget;
 use crate::hostfs::DevFs;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
 use crate::topology::{NumaMemo, Topology};
+use crate::tree::charge::Budget;
 use crate::tree::{DeviceTree, Health, OutputError};
 
 /// One scanner's validation: its rules, its counters and its refusal log.
@@ -556,7 +556,7 @@ mod tests {
             mknod(&dir.path().join(format!("bulk/n{i}")), i);
         }
         let lifted = crate::footprint::lifted_bytes(&tree(40), &[]);
-        let validated = crate::footprint::validated_bytes(
+        let validated = crate::tree::charge::validated_bytes(
             &Policy::default()
                 .check_tree(tree(40), &DevFs::open(dir.path()).unwrap())
                 .unwrap(),

@@ -227,7 +227,13 @@ const GUEST_MEMORY_KIB: u64 = 16 << 10;
 /// guest's last tree; returns the host's peak resident set then (KiB), the host still running.
 async fn four_guests_of(
     devices: usize,
-) -> (Fixture, StandIn, mpsc::UnboundedReceiver<Observed>, Host, u64) {
+) -> (
+    Fixture,
+    StandIn,
+    mpsc::UnboundedReceiver<Observed>,
+    Host,
+    u64,
+) {
     let mut scanners = String::new();
     for i in 0..4 {
         scanners.push_str(&scanner_config(

@@ -727,7 +727,10 @@ fn the_memory_limit_covers_the_host_and_every_guest_limit() {
     // What the host may hold for each scanner, in times its memory limit (the README's bound,
     // section Security).
     let held = |s: &wdp::config::ScannerConfig| {
-        let cdi = s.cdi.as_ref().map_or(0, |_| wdp::footprint::CDI_HELD_PER_SCANNER);
+        let cdi = s
+            .cdi
+            .as_ref()
+            .map_or(0, |_| wdp::footprint::CDI_HELD_PER_SCANNER);
         (wdp::footprint::HELD_PER_SCANNER + cdi) * s.limits.memory
     };
     let guests: u64 = config.scanners.iter().map(held).sum();

@@ -276,9 +276,7 @@ impl GuestState {
         self.cpu.check_in();
         Ok(())
     }
-}
 
-impl GuestState {
     /// Runs a filesystem host call off the async workers, within the scanner's call-timeout
     /// and a share of its memory limit ([`super::blocking`], [`Budget`]). The guest counts as
     /// waiting, not computing, meanwhile.

@@ -6,7 +6,6 @@
 //! they are checked once, when the tree is, and kept on the validated tree's devices. The
 //! device-plugin servers ignore them: kubelet's Device Plugin API has no place for them.
 
-
 use serde::Serialize;
 
 use crate::bindings::types as wit;
