@@ -107,24 +107,27 @@ pub const HELD_PER_SCANNER: u64 = 5;
 /// one ([`crate::cdi`]).
 pub const CDI_HELD_PER_SCANNER: u64 = 2;
 
+/// A healthy device with nothing attached, as a guest notifies it: what the tests of both forms
+/// fill trees with.
+#[cfg(test)]
+pub(crate) fn bare_device(id: &str) -> wit::Device {
+    wit::Device {
+        id: id.into(),
+        info: wit::DeviceInfo {
+            health: wit::Health::Healthy,
+            nodes: Vec::new(),
+            mounts: Vec::new(),
+            envs: Vec::new(),
+            annotations: Vec::new(),
+            numa_nodes: None,
+            cdi_devices: Vec::new(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn device(id: &str) -> wit::Device {
-        wit::Device {
-            id: id.into(),
-            info: wit::DeviceInfo {
-                health: wit::Health::Healthy,
-                nodes: Vec::new(),
-                mounts: Vec::new(),
-                envs: Vec::new(),
-                annotations: Vec::new(),
-                numa_nodes: None,
-                cdi_devices: Vec::new(),
-            },
-        }
-    }
 
     #[test]
     fn counts_headers_and_rounded_allocations() {
@@ -132,7 +135,7 @@ mod tests {
         let empty = lifted_bytes(&[], &[]);
         let tree = vec![wit::DeviceGroup {
             dev_type: "gpu".into(),
-            devices: (0..1000).map(|i| device(&format!("d{i}"))).collect(),
+            devices: (0..1000).map(|i| bare_device(&format!("d{i}"))).collect(),
         }];
         let one = lifted_bytes(&tree, &[]);
         // Each device: its record in the group's array, and a 32-byte chunk for its short id.

@@ -169,22 +169,6 @@ pub(crate) fn validated_bytes(tree: &super::DeviceTree) -> usize {
 mod tests {
     use super::*;
 
-    fn device(id: &str) -> crate::bindings::types::Device {
-        use crate::bindings::types as wit;
-        wit::Device {
-            id: id.into(),
-            info: wit::DeviceInfo {
-                health: wit::Health::Healthy,
-                nodes: Vec::new(),
-                mounts: Vec::new(),
-                envs: Vec::new(),
-                annotations: Vec::new(),
-                numa_nodes: None,
-                cdi_devices: Vec::new(),
-            },
-        }
-    }
-
     #[test]
     fn a_map_is_charged_its_nodes() {
         assert_eq!(btree::<u64, u64>(0), 0);
@@ -204,7 +188,9 @@ mod tests {
         let groups = || {
             vec![wit::DeviceGroup {
                 dev_type: "gpu".into(),
-                devices: (0..1000).map(|i| device(&format!("d{i}"))).collect(),
+                devices: (0..1000)
+                    .map(|i| crate::footprint::bare_device(&format!("d{i}")))
+                    .collect(),
             }]
         };
         let attrs = || {
