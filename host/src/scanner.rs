@@ -245,3 +245,52 @@ async fn run_once(sandbox: &Sandbox, scanner: &Scanner, mut sink: EventSink) -> 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::hostfs::DevFs;
+    use crate::metrics::ScannerMetrics;
+
+    fn tree(id: &str) -> wit::DeviceTree {
+        vec![wit::DeviceGroup {
+            dev_type: "t".into(),
+            devices: vec![crate::footprint::bare_device(id)],
+        }]
+    }
+
+    /// While the reader holds a place in the queue (as the manager does while it applies a
+    /// tree), the pending tree is neither taken nor validated: no second validated tree exists
+    /// beside the one being applied. Once the place is free, it is.
+    #[tokio::test]
+    async fn the_next_tree_is_validated_only_once_the_last_one_is_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(ScannerMetrics::default());
+        let validator = Validator::new(
+            "s".into(),
+            Arc::new(Policy::default()),
+            metrics.clone(),
+            Arc::new(DevFs::open(dir.path()).unwrap()),
+            Arc::new(Topology::new(&dir.path().join("sys"))),
+        );
+        let (tx, mut rx) = mpsc::channel(4);
+        let mut sink = EventSink::new(validator, tx.clone());
+        let (mut notify, mut latest) = coalescing(metrics.clone());
+        // The tree is pending once notify returns its future, which waits for the take.
+        drop(notify.notify(tree("a"), Vec::new(), 0));
+        let applying = tx.clone().reserve_owned().await.unwrap();
+        assert!(sink.deliver(&mut latest).now_or_never().is_none());
+        assert_eq!(ScannerMetrics::get(&metrics.trees_accepted), 0);
+        assert!(rx.try_recv().is_err());
+        drop(applying);
+        let delivering = tokio::spawn(async move { sink.deliver(&mut latest).await });
+        match rx.recv().await {
+            Some(ScannerEvent::Tree(t)) => assert!(t.0["t"].contains_key("a")),
+            other => panic!("expected the tree, got {other:?}"),
+        }
+        assert_eq!(ScannerMetrics::get(&metrics.trees_accepted), 1);
+        delivering.abort();
+    }
+}
