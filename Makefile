@@ -205,11 +205,15 @@ bench:
 
 ## soak: SOAK_RESTARTS (200) kubelet restarts, a graceful stop and a crash in turn, with pods
 ## admitted, their containers restarted from the stand-in's checkpoint (CDI names resolved in the
-## spec directory) and a ListAndWatch stream cut between them; writes the figures into
-## bench/RESULTS.md. `make test` runs the same test with 20 restarts.
+## spec directory) and a ListAndWatch stream cut between them; then SOAK_DRA_CYCLES (200) DRA
+## cycles, each a wdp restart (SIGTERM and SIGKILL in turn) and a DRA kubelet restart with claims
+## prepared, prepared again and unprepared between them; writes both reports into
+## bench/RESULTS.md. `make test` runs the same tests with 20 restarts and 3 cycles. One at a time:
+## each has both cores to itself, and each writes the file alone.
 SOAK_RESTARTS ?= 200
+SOAK_DRA_CYCLES ?= 200
 soak: rust-guests host
-	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test integration -- soak:: --nocapture
+	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_DRA_CYCLES=$(SOAK_DRA_CYCLES) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test integration -- soak:: --nocapture --test-threads 1
 
 ## audit: Cargo.lock against the RustSec advisory database (cargo-audit, installed from crates.io
 ## the first time). Needs to reach github.com/rustsec/advisory-db, so it is not part of `make test`.
