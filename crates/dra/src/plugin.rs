@@ -867,6 +867,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_prepare_dropped_midway_leaves_the_checkpoint_as_it_was() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let service = direct(&server, Checkpoint::open(&path).unwrap());
+        let a = server.insert_claim(claim("a", &[("gpu", "gpu-0", false)]));
+        let b = server.insert_claim(claim("b", &[("gpu", "gpu-1", false)]));
+        // The call stops at its read of b, a prepared by then; it is dropped there, as when
+        // kubelet goes away.
+        server.hold_claim_read("ns", "b");
+        tokio::select! {
+            answer = service.prepare(vec![claim_ref(&a), claim_ref(&b)]) => {
+                panic!("answered while b's read is held: {answer:?}")
+            }
+            () = crate::testing::wait_for(|| server.claim_reads_held() == 1) => {}
+        }
+        assert!(service.prepared().await.is_empty(), "nothing kept in memory");
+        // a alone: prepared now, and on disk when answered.
+        let alone = service.prepare(vec![claim_ref(&a)]).await;
+        assert!(alone[&uid(&a)].is_ok(), "{alone:?}");
+        let on_disk = Checkpoint::open(&path).unwrap();
+        assert_eq!(on_disk.claims().keys().collect::<Vec<_>>(), [&uid(&a)]);
+        server.release_claim_reads();
+    }
+
+    #[tokio::test]
     async fn nothing_is_prepared_that_the_checkpoint_does_not_hold() {
         let server = ApiServerStandIn::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
