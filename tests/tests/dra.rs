@@ -176,7 +176,13 @@ pub(crate) fn checkpointed(dirs: &KubeletDirs) -> BTreeMap<String, Vec<String>> 
             let devices = claim["devices"].as_array().cloned().unwrap_or_default();
             let names = devices
                 .iter()
-                .map(|d| format!("{}/{}", d["pool"].as_str().unwrap_or("?"), d["device"].as_str().unwrap_or("?")))
+                .map(|d| {
+                    format!(
+                        "{}/{}",
+                        d["pool"].as_str().unwrap_or("?"),
+                        d["device"].as_str().unwrap_or("?")
+                    )
+                })
                 .collect();
             (uid, names)
         })

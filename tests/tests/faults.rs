@@ -285,9 +285,22 @@ async fn kubelet_restarted_during_node_prepare_resources() {
         "{refused:?}"
     );
 
-    // wdp crashes and comes back: the same answers, from the checkpoint.
+    // wdp crashes and comes back: the same answers, from the checkpoint. Its registration
+    // socket stays behind; the new wdp unlinks it and binds its own, which kubelet's inotify
+    // sees as two events, but whose inode number the file system may hand out again, which the
+    // stand-in's polling watcher could not tell from the old socket: the unlink is made, and
+    // seen, first.
     let registrations = kubelet.registrations(DRIVER);
     host.kill().await;
+    std::fs::remove_file(dirs.registry.join(format!("{DRIVER}-reg.sock"))).unwrap();
+    eventually("the driver deregistered", || async {
+        kubelet
+            .registered(DRIVER, Duration::ZERO)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let host = Host::start(&config, &plugins, &f);
     eventually("the driver registered again", || async {
         (kubelet.registrations(DRIVER) > registrations).then_some(())
@@ -307,7 +320,11 @@ async fn kubelet_restarted_during_node_prepare_resources() {
         .unwrap();
     assert!(out.values().all(String::is_empty), "{out:?}");
     assert_eq!(checkpointed(&dirs), BTreeMap::new());
-    assert_eq!(cdi_specs(&f.path().join("cdi")), specs, "the CDI specs as before");
+    assert_eq!(
+        cdi_specs(&f.path().join("cdi")),
+        specs,
+        "the CDI specs as before"
+    );
     api.release_claim_reads();
     assert!(host.terminate().await.success());
     dp_kubelet.stop().await;
@@ -383,7 +400,11 @@ async fn kubelet_restarted_during_an_allocate() {
         [("/dev/gate/b", "/dev/gate/b", "rw")],
         "the interrupted call took no device"
     );
-    assert_eq!(crate::dra::cdi_specs(&cdi), specs, "the CDI specs as before");
+    assert_eq!(
+        crate::dra::cdi_specs(&cdi),
+        specs,
+        "the CDI specs as before"
+    );
     assert!(host.terminate().await.success());
     kubelet.stop().await;
 }
@@ -396,7 +417,11 @@ fn failures(log: &str) -> Vec<(String, std::time::SystemTime, Duration)> {
             let when = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
             let scanner = line.split("scanner=\"").nth(1)?.split('"').next()?;
             let delay = line.split("restart_in=Some(").nth(1)?.split(')').next()?;
-            Some((scanner.to_string(), when, humantime::parse_duration(delay).ok()?))
+            Some((
+                scanner.to_string(),
+                when,
+                humantime::parse_duration(delay).ok()?,
+            ))
         })
         .collect()
 }
@@ -447,34 +472,48 @@ async fn twelve_scanners_trapping_at_once() {
             })
             .collect::<Vec<_>>()
     };
-    eventually_within(Duration::from_secs(120), "every scanner failing 4 times", || async {
-        per_scanner(&host.log())
-            .iter()
-            .all(|f| f.len() >= FAILURES)
-            .then_some(())
-    })
+    eventually_within(
+        Duration::from_secs(120),
+        "every scanner failing 4 times",
+        || async {
+            per_scanner(&host.log())
+                .iter()
+                .all(|f| f.len() >= FAILURES)
+                .then_some(())
+        },
+    )
     .await;
     // Meanwhile kubelet was told nothing new: every device still there, healthy, allocatable.
     for r in &resources {
         assert_eq!(kubelet.health(r, "a").as_deref(), Some("Healthy"), "{r}");
         assert_eq!(seen.stream_ends(r), 0, "{r}");
         let answer = kubelet.allocate(r, &["a"]).await.unwrap();
-        assert_eq!(answer.container_responses[0].devices[0].host_path, "/dev/gate/a");
+        assert_eq!(
+            answer.container_responses[0].devices[0].host_path,
+            "/dev/gate/a"
+        );
     }
 
     // The trap gone, each scanner's next restart serves: a device plugged in now is listed.
     f.remove_dev("trap");
     f.char_dev("gate/b", 10, 242);
-    eventually_within(Duration::from_secs(120), "every scanner serving again", || async {
-        resources
-            .iter()
-            .all(|r| kubelet.health(r, "b").as_deref() == Some("Healthy"))
-            .then_some(())
-    })
+    eventually_within(
+        Duration::from_secs(120),
+        "every scanner serving again",
+        || async {
+            resources
+                .iter()
+                .all(|r| kubelet.health(r, "b").as_deref() == Some("Healthy"))
+                .then_some(())
+        },
+    )
     .await;
 
     // The backoff, from the log: 1 s, doubling, each restart no sooner than announced.
-    let metrics = wdp_tests::http::http_get(&metrics, "/metrics").await.unwrap().1;
+    let metrics = wdp_tests::http::http_get(&metrics, "/metrics")
+        .await
+        .unwrap()
+        .1;
     for (i, failed) in per_scanner(&host.log()).into_iter().enumerate() {
         assert!(failed.len() >= FAILURES, "s{i}: {failed:?}");
         for (k, (when, delay)) in failed.iter().enumerate() {
@@ -482,10 +521,16 @@ async fn twelve_scanners_trapping_at_once() {
             assert_eq!(*delay, want, "s{i}: failure {k}");
             if let Some((next, _)) = failed.get(k + 1) {
                 let gap = next.duration_since(*when).unwrap_or_default();
-                assert!(gap >= *delay, "s{i}: restarted {gap:?} after failure {k}, announced {delay:?}");
+                assert!(
+                    gap >= *delay,
+                    "s{i}: restarted {gap:?} after failure {k}, announced {delay:?}"
+                );
             }
         }
-        let restarts = format!("wdp_scanner_restarts_total{{scanner=\"s{i}\"}} {}\n", failed.len());
+        let restarts = format!(
+            "wdp_scanner_restarts_total{{scanner=\"s{i}\"}} {}\n",
+            failed.len()
+        );
         assert!(metrics.contains(&restarts), "{restarts} in\n{metrics}");
     }
     assert!(host.terminate().await.success());

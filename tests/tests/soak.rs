@@ -271,6 +271,10 @@ node:
     let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
     let mut kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
     let mut host = Host::start(&config, &plugins, &f);
+    kubelet
+        .registered(DRIVER, Duration::from_secs(20))
+        .await
+        .expect("registered");
 
     // Held claims, oldest first: (claim, device, the first answer).
     let mut held: Vec<(ClaimRef, String, Vec<Device>)> = Vec::new();
@@ -293,7 +297,10 @@ node:
             .iter()
             .map(|(c, d, _)| (c.uid.clone(), vec![format!("{NODE}/{d}")]))
             .collect();
-        assert_eq!(on_disk, want, "cycle {i}: the checkpoint holds the held claims, only");
+        assert_eq!(
+            on_disk, want,
+            "cycle {i}: the checkpoint holds the held claims, only"
+        );
         assert_eq!(in_two_claims(&on_disk), Vec::<String>::new(), "cycle {i}");
         host = Host::start(&config, &plugins, &f);
 
@@ -316,7 +323,10 @@ node:
             .find(|d| held.iter().all(|(_, h, _)| h != *d))
             .unwrap_or_else(|| panic!("cycle {i}: no free device"));
         let claim = claim_ref(&api.insert_claim(allocated(&format!("c{i}"), "kvm", free)));
-        let answer = kubelet.prepare(DRIVER, std::slice::from_ref(&claim)).await.unwrap();
+        let answer = kubelet
+            .prepare(DRIVER, std::slice::from_ref(&claim))
+            .await
+            .unwrap();
         let got = &answer[&claim.uid];
         assert_eq!(got.error, "", "cycle {i}: prepare {}", claim.name);
         assert_eq!(got.devices.len(), 1, "cycle {i}");
@@ -327,7 +337,10 @@ node:
         // A claim on a held device is refused; the oldest claim goes once three are held.
         let (_, taken, _) = &held[i % held.len()];
         let thief = claim_ref(&api.insert_claim(allocated(&format!("thief{i}"), "kvm", taken)));
-        let answer = kubelet.prepare(DRIVER, std::slice::from_ref(&thief)).await.unwrap();
+        let answer = kubelet
+            .prepare(DRIVER, std::slice::from_ref(&thief))
+            .await
+            .unwrap();
         assert!(
             answer[&thief.uid].error.contains("held by"),
             "cycle {i}: {taken} given twice: {answer:?}"
@@ -370,7 +383,11 @@ node:
 /// its first.
 async fn check_prepared(
     kubelet: &wdp_dra::kubelet::KubeletStandIn,
-    held: &[(wdp_dra::plugin::ClaimRef, String, Vec<wdp_dra::proto::dra_v1::Device>)],
+    held: &[(
+        wdp_dra::plugin::ClaimRef,
+        String,
+        Vec<wdp_dra::proto::dra_v1::Device>,
+    )],
     cycle: usize,
     when: &str,
 ) {

@@ -883,7 +883,10 @@ mod tests {
             }
             () = crate::testing::wait_for(|| server.claim_reads_held() == 1) => {}
         }
-        assert!(service.prepared().await.is_empty(), "nothing kept in memory");
+        assert!(
+            service.prepared().await.is_empty(),
+            "nothing kept in memory"
+        );
         // a alone: prepared now, and on disk when answered.
         let alone = service.prepare(vec![claim_ref(&a)]).await;
         assert!(alone[&uid(&a)].is_ok(), "{alone:?}");
