@@ -52,19 +52,36 @@ impl KubeletDirs {
 /// `kvm` (two slots) through DRA with CDI specs in `<fixture>/cdi`, and `net`, the same guest
 /// under another namespace, through the device-plugin API.
 fn config(f: &Fixture, dirs: &KubeletDirs, api: &ApiServerStandIn) -> PathBuf {
+    let net = format!(
+        "  - name: net
+    component: {guest}
+    namespace: net.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+",
+        guest = guest("kvm").display(),
+    );
+    kvm_config(f, dirs, api, "SLOTS: 2, RESCAN_INTERVAL_MS: 200", &net)
+}
+
+/// `kvm` with the environment `env` through DRA with CDI specs in `<fixture>/cdi`, the
+/// scanners `more` after it, and the node's settings for kubelet's directories and the API
+/// server stand-in.
+pub(crate) fn kvm_config(
+    f: &Fixture,
+    dirs: &KubeletDirs,
+    api: &ApiServerStandIn,
+    env: &str,
+    more: &str,
+) -> PathBuf {
     f.write_config(&format!(
         "scanners:
   - name: kvm
     component: {guest}
     namespace: {DRIVER}
-    env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 200 }}
+    env: {{ {env} }}
     cdi: {{ dir: {cdi} }}
     frontend: dra
-  - name: net
-    component: {guest}
-    namespace: net.example.com
-    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
-node:
+{more}node:
   name: {NODE}
   plugins-dir: {plugins}
   plugins-registry-dir: {registry}
@@ -76,6 +93,19 @@ node:
         registry = dirs.registry.display(),
         addr = api.addr(),
     ))
+}
+
+/// Waits until `kubelet` has no registration of the driver (its socket gone, seen by the
+/// watcher).
+pub(crate) async fn until_deregistered(kubelet: &KubeletStandIn) {
+    eventually("kubelet's watcher deregistered the driver", || async {
+        kubelet
+            .registered(DRIVER, Duration::ZERO)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }
 
 /// A fixture with /dev/kvm, kubelet's directories in it, the API server stand-in and
@@ -588,14 +618,7 @@ async fn reload_adds_and_removes_dra_scanners() {
         1,
         "not restarted"
     );
-    eventually("kubelet's watcher deregistered the driver", || async {
-        kubelet
-            .registered(DRIVER, Duration::ZERO)
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    until_deregistered(&kubelet).await;
 
     // Added back: registered again, slices published.
     write_renamed(&config, &full);

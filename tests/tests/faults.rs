@@ -293,14 +293,7 @@ async fn kubelet_restarted_during_node_prepare_resources() {
     let registrations = kubelet.registrations(DRIVER);
     host.kill().await;
     std::fs::remove_file(dirs.registry.join(format!("{DRIVER}-reg.sock"))).unwrap();
-    eventually("the driver deregistered", || async {
-        kubelet
-            .registered(DRIVER, Duration::ZERO)
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    crate::dra::until_deregistered(&kubelet).await;
     let host = Host::start(&config, &plugins, &f);
     eventually("the driver registered again", || async {
         (kubelet.registrations(DRIVER) > registrations).then_some(())

@@ -246,26 +246,8 @@ async fn dra_kubelet_and_wdp_restarts_with_claims_prepared_and_unprepared() {
     f.char_dev("kvm", 10, 232);
     let dirs = KubeletDirs::new(&f);
     let api = ApiServerStandIn::start().await.unwrap();
-    let config = f.write_config(&format!(
-        "scanners:
-  - name: kvm
-    component: {guest}
-    namespace: {DRIVER}
-    env: {{ SLOTS: {DRA_DEVICES}, RESCAN_INTERVAL_MS: 600000 }}
-    cdi: {{ dir: {cdi} }}
-    frontend: dra
-node:
-  name: {NODE}
-  plugins-dir: {plugins}
-  plugins-registry-dir: {registry}
-  api-server: http://{addr}
-",
-        guest = guest("kvm").display(),
-        cdi = f.path().join("cdi").display(),
-        plugins = dirs.plugins.display(),
-        registry = dirs.registry.display(),
-        addr = api.addr(),
-    ));
+    let env = format!("SLOTS: {DRA_DEVICES}, RESCAN_INTERVAL_MS: 600000");
+    let config = crate::dra::kvm_config(&f, &dirs, &api, &env, "");
     let plugins = f.plugin_dir();
     let devices: Vec<String> = (0..DRA_DEVICES).map(|i| format!("kvm-{i}")).collect();
     let devices: Vec<&str> = devices.iter().map(String::as_str).collect();
