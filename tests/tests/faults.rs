@@ -285,15 +285,10 @@ async fn kubelet_restarted_during_node_prepare_resources() {
         "{refused:?}"
     );
 
-    // wdp crashes and comes back: the same answers, from the checkpoint. Its registration
-    // socket stays behind; the new wdp unlinks it and binds its own, which kubelet's inotify
-    // sees as two events, but whose inode number the file system may hand out again, which the
-    // stand-in's polling watcher could not tell from the old socket: the unlink is made, and
-    // seen, first.
+    // wdp crashes and comes back (its stale registration socket replaced by a new one): the
+    // same answers, from the checkpoint.
     let registrations = kubelet.registrations(DRIVER);
     host.kill().await;
-    std::fs::remove_file(dirs.registry.join(format!("{DRIVER}-reg.sock"))).unwrap();
-    crate::dra::until_deregistered(&kubelet).await;
     let host = Host::start(&config, &plugins, &f);
     eventually("the driver registered again", || async {
         (kubelet.registrations(DRIVER) > registrations).then_some(())
