@@ -261,3 +261,97 @@ fn the_cli_reference_is_what_wdp_help_prints() {
         .collect();
     assert!(stale.is_empty(), "{CLI_PAGE}: blocks of no subcommand: {stale:?}");
 }
+
+/// Units a measured figure carries in the docs (`1.3 ms`, `16.2 MiB`, `1.20x`).
+const UNITS: &[&str] = &["ms", "µs", "s", "min", "MiB", "KiB", "MB", "GB", "x"];
+
+/// The figures of `sentence`: a number and its unit, as written (`23.4 ms`, `1.20x`).
+fn figures(sentence: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let chars: Vec<char> = sentence.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let starts = chars[i].is_ascii_digit()
+            && (i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '.'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == '.' || chars[j] == ',')
+        {
+            j += 1;
+        }
+        let number: String = chars[i..j].iter().collect();
+        let number = number.trim_end_matches(['.', ',']);
+        let gap = usize::from(chars.get(j) == Some(&' '));
+        let mut k = j + gap;
+        while k < chars.len() && chars[k].is_alphabetic() {
+            k += 1;
+        }
+        let unit: String = chars[j + gap..k].iter().collect();
+        if UNITS.contains(&unit.as_str()) {
+            out.push(format!("{number}{}{unit}", if gap == 1 { " " } else { "" }));
+        }
+        i = k.max(j);
+    }
+    out
+}
+
+/// The paragraphs, list items and table rows of a page, each on one line.
+fn blocks(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let item = line.trim_start();
+        let starts = item.is_empty()
+            || item.starts_with('|')
+            || item.starts_with("* ")
+            || item.starts_with("- ");
+        if starts && !current.is_empty() {
+            out.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(' ');
+        }
+        current.push_str(item);
+    }
+    out.push(current);
+    out
+}
+
+/// Measured figures live in bench/RESULTS.md (`make bench` writes it, with bench/NOTES.md
+/// appended); the docs link them. A sentence that names RESULTS.md and quotes a figure must
+/// quote one the file holds, so a figure cannot be quoted with one value there and another here.
+#[test]
+fn figures_quoted_from_the_results_are_the_results() {
+    let results = book::read("bench/RESULTS.md");
+    let notes = book::read("bench/NOTES.md");
+    let mut stale = Vec::new();
+    for page in book::pages() {
+        let text = book::read(&page.to_string_lossy());
+        for block in blocks(&text) {
+            for sentence in block.split(". ").filter(|s| s.contains("RESULTS.md")) {
+                for figure in figures(sentence) {
+                    if !results.contains(&figure) && !notes.contains(&figure) {
+                        stale.push(format!("{}: {figure} in \"{sentence}\"", page.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "figures quoted from bench/RESULTS.md that it does not hold (link the figure instead of \
+         quoting it):\n{}",
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn figures_are_read_with_their_units() {
+    assert_eq!(
+        figures("took 23.4 ms median and 1.20x, 16.2 MiB, 4 min 24 s, v1.34, 2x2, 128Mi"),
+        ["23.4 ms", "1.20x", "16.2 MiB", "4 min", "24 s"]
+    );
+}
