@@ -79,7 +79,12 @@ fn resolve(dir: &Path, rel: &str) -> PathBuf {
     for part in dir.join(rel).components() {
         match part {
             Component::ParentDir => {
-                out.pop();
+                if out.file_name().is_some() {
+                    out.pop();
+                } else {
+                    // Above the repository: kept, so that the caller sees it.
+                    out.push("..");
+                }
             }
             Component::CurDir => {}
             other => out.push(other),
