@@ -859,7 +859,8 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("path/to")).unwrap();
         std::fs::write(dir.path().join("path/to/kvm.wasm"), b"").unwrap();
         std::fs::write(dir.path().join("path/to/hook.wasm"), b"").unwrap();
-        let config = parse(yaml, Path::new("config.md"), dir.path()).expect("the reference's example");
+        let config =
+            parse(yaml, Path::new("config.md"), dir.path()).expect("the reference's example");
         assert_eq!(config.scanners.len(), 1);
     }
 

@@ -62,6 +62,8 @@ pub fn replace_marked(text: &str, name: &str, new: &str) -> Option<String> {
 /// The block `name` of page `rel`, failing the test with what is missing.
 pub fn block(rel: &str, name: &str) -> String {
     marked(&read(rel), name)
-        .unwrap_or_else(|| panic!("{rel} has no <!-- {name}:begin --> ... <!-- {name}:end --> block"))
+        .unwrap_or_else(|| {
+            panic!("{rel} has no <!-- {name}:begin --> ... <!-- {name}:end --> block")
+        })
         .to_string()
 }

@@ -110,7 +110,10 @@ fn every_relative_link_and_anchor_resolves() {
     let mut parsed: BTreeMap<PathBuf, Page> = BTreeMap::new();
     let mut broken = Vec::new();
     for page in &pages {
-        let links = load(&mut parsed, &root, page).expect("a page").links.clone();
+        let links = load(&mut parsed, &root, page)
+            .expect("a page")
+            .links
+            .clone();
         let dir = page.parent().unwrap_or(Path::new(""));
         for (line, link) in links {
             // Addresses with a scheme (https:, mailto:) are not the repository's.
@@ -189,7 +192,10 @@ fn the_heading_slug_is_githubs() {
         slug("Changing the config of a running host (hot reload)"),
         "changing-the-config-of-a-running-host-hot-reload"
     );
-    assert_eq!(slug("Real-cluster e2e: `make e2e`"), "real-cluster-e2e-make-e2e");
+    assert_eq!(
+        slug("Real-cluster e2e: `make e2e`"),
+        "real-cluster-e2e-make-e2e"
+    );
     let page = parse("# A\n\n## A\n\n```sh\n# not a heading\n```\n[x](#a-1)\n");
     assert_eq!(
         page.anchors,
@@ -264,7 +270,10 @@ fn the_cli_reference_is_what_wdp_help_prints() {
         .filter_map(|(at, _)| page[at + 5..].split(':').next())
         .filter(|name| !names.contains(name))
         .collect();
-    assert!(stale.is_empty(), "{CLI_PAGE}: blocks of no subcommand: {stale:?}");
+    assert!(
+        stale.is_empty(),
+        "{CLI_PAGE}: blocks of no subcommand: {stale:?}"
+    );
 }
 
 /// Units a measured figure carries in the docs (`1.3 ms`, `16.2 MiB`, `1.20x`).
@@ -283,8 +292,7 @@ fn figures(sentence: &str) -> Vec<String> {
             continue;
         }
         let mut j = i;
-        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == '.' || chars[j] == ',')
-        {
+        while j < chars.len() && (chars[j].is_ascii_digit() || chars[j] == '.' || chars[j] == ',') {
             j += 1;
         }
         let number: String = chars[i..j].iter().collect();
