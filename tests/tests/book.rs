@@ -45,7 +45,7 @@ fn parse(text: &str) -> Page {
                 *n += 1;
             }
             Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => {
-                let line = text[..range.start].lines().count().max(1);
+                let line = text[..range.start].matches('\n').count() + 1;
                 links.push((line, dest_url.to_string()));
             }
             _ => {}
@@ -225,6 +225,8 @@ fn subcommands(top: &str) -> Vec<String> {
         .map(|(_, rest)| rest.split("\n\n").next().unwrap_or_default())
         .unwrap_or_default()
         .lines()
+        // A name is indented by two spaces; its description's wrapped lines by more.
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
         .filter_map(|l| l.split_whitespace().next())
         .filter(|name| *name != "help")
         .map(String::from)
@@ -303,7 +305,8 @@ fn figures(sentence: &str) -> Vec<String> {
             k += 1;
         }
         let unit: String = chars[j + gap..k].iter().collect();
-        if UNITS.contains(&unit.as_str()) {
+        let ends = chars.get(k).is_none_or(|c| !c.is_alphanumeric());
+        if ends && UNITS.contains(&unit.as_str()) {
             out.push(format!("{number}{}{unit}", if gap == 1 { " " } else { "" }));
         }
         i = k.max(j);
