@@ -170,7 +170,7 @@ test-lang-units:
 ## book: the book under docs/ (docs/book.toml, docs/src/) built into target/book by mdbook,
 ## installed from crates.io under $(TOOLS) the first time, pinned, as a debug build without its
 ## `serve` and `watch` features (their web server is most of a release build's minutes; building
-## a book of this size takes a debug mdbook a second)
+## this book takes a debug mdbook about a second of CPU)
 MDBOOK_VERSION := 0.5.4
 book:
 	@$(TOOLS)/bin/mdbook --version 2>/dev/null | grep -qx 'mdbook v$(MDBOOK_VERSION)' || CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) install --quiet --locked --debug --no-default-features --features search --root $(TOOLS) mdbook --version $(MDBOOK_VERSION)
