@@ -4,7 +4,8 @@
 #   make test   build everything, check formatting and lints, run every test
 #   make image  build the shipped image (Containerfile) with podman: localhost/wdp:VERSION
 #   make release  dist/: the image archive, the signed scanners, an SBOM, checksums, deploy/
-#               pinned to VERSION (docs/versioning.md)
+#               pinned to VERSION (docs/src/versioning.md)
+#   make book   the book under docs/ (mdbook) into target/book
 #   make e2e KUBE_BIN_DIR=DIR  run wdp's image and deploy/ in a real single-node cluster made of
 #               the Kubernetes binaries in DIR (tests/e2e/run.sh); not part of `make test`
 # Both install what they need (the wasm32-wasip2 Rust target, and the Python, JavaScript and C
@@ -30,7 +31,7 @@ TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.
 DEMO_DURATION ?=
 
-.PHONY: all setup setup-rust setup-podman setup-registry image release e2e build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit clean
+.PHONY: all setup setup-rust setup-podman setup-registry image release e2e build guests rust-guests lang-guests wit-package host wdp test test-lang-units lint proto fuzz demo bench soak audit book clean
 
 all: build
 
@@ -80,7 +81,7 @@ target/guests/c/%.wasm: $$(wildcard guest-scanners/c/$$*/*.[ch]) $(C_TOOLCHAIN)
 	scripts/build-lang-guest.sh c $*
 
 ## wit-package: the contract `wdp:device-plugin` encoded as a WIT package (wasm-tools, installed by
-## `make setup`), for `wkg publish` to a registry (README: Shipping the contract)
+## `make setup`), for `wkg publish` to a registry (docs/src/authors/shipping.md)
 wit-package: $(WIT_PACKAGE)
 $(WIT_PACKAGE): wit/device-plugin.wit scripts/setup-toolchains.sh
 	@mkdir -p $(dir $@)
@@ -88,9 +89,9 @@ $(WIT_PACKAGE): wit/device-plugin.wit scripts/setup-toolchains.sh
 
 ## image: the shipped image, `localhost/wdp:$(VERSION)`: the release binary and the bundled Rust
 ## scanners on `FROM scratch` with the libraries the binary links (scripts/image.sh stages them
-## under target/image/ and runs podman build; README: Installing). Tagged with the version only:
+## under target/image/ and runs podman build; docs/src/operator/install.md). Tagged with the version only:
 ## a tag is never moved (no `latest`), so the DaemonSet rolls when, and only when, the version in
-## Cargo.toml changes (docs/versioning.md).
+## Cargo.toml changes (docs/src/versioning.md).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
 image: rust-guests setup-podman
 	$(CARGO) build --locked --release -p wdp --bin wdp
@@ -100,7 +101,7 @@ image: rust-guests setup-podman
 ## OCI archive, the bundled scanners as OCI artifacts signed in wdp's cosign format (pushed with
 ## `wdp push` to REGISTRY, else packed as OCI image layouts), the binary's SBOM (cargo-cyclonedx,
 ## installed under $(TOOLS) the first time), deploy/ with the image pinned, SHA256SUMS.
-##   SIGN_KEY=FILE        required: an unencrypted PKCS#8 P-256 key (README: Shipping scanners)
+##   SIGN_KEY=FILE        required: an unencrypted PKCS#8 P-256 key (docs/src/authors/shipping.md)
 ##   REGISTRY=host[/path] push the image (REGISTRY/wdp:VERSION) and scanners there;
 ##                        REGISTRY_INSECURE=1 speaks plain HTTP to it (local registries only)
 ##   RELEASE_BINARY=target/debug/wdp  pack the dev build instead of the release build (a trial
@@ -114,7 +115,7 @@ release: rust-guests setup-podman setup-registry
 	@[ -x $(TOOLS)/bin/cargo-cyclonedx ] || CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) install --quiet --locked --debug --root $(TOOLS) cargo-cyclonedx --version $(CARGO_CYCLONEDX_VERSION)
 	CARGO_CYCLONEDX=$(TOOLS)/bin/cargo-cyclonedx scripts/release.sh --binary $(RELEASE_BINARY) --key $(SIGN_KEY) $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(REGISTRY_INSECURE),--insecure)
 
-## e2e: the real-cluster suite (tests/e2e/run.sh, README: Real-cluster e2e): the image
+## e2e: the real-cluster suite (tests/e2e/run.sh, docs/src/contributing/e2e.md): the image
 ## scripts/image.sh builds from target/debug/wdp, and deploy/ with and without deploy/dra/, in a
 ## single-node cluster on 127.0.0.1 of the kubelet, kube-apiserver, kube-scheduler,
 ## kube-controller-manager and kubectl in KUBE_BIN_DIR, with Debian's etcd, containerd and runc
@@ -151,8 +152,9 @@ proto:
 	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-tests --test integration -- proto::
 	WDP_WRITE_GENERATED=1 $(CARGO) test --locked -p wdp-dra --lib proto
 
-## test: everything CI runs
-test: build lint test-lang-units
+## test: everything CI runs (the book too: tests/tests/book.rs checks its links and its reference
+## pages, and mdbook must build it)
+test: build lint test-lang-units book
 	$(CARGO) test --locked --manifest-path $(GUEST_MANIFEST) --target-dir $(GUEST_TARGET_DIR)
 	$(CARGO) test --locked --workspace
 
@@ -164,6 +166,15 @@ test-lang-units:
 	@mkdir -p target/guests/c
 	cc -std=c11 -Wall -Wextra -Werror -o target/guests/c/test_v4l_logic guest-scanners/c/v4l/test_v4l_logic.c guest-scanners/c/v4l/v4l_logic.c
 	target/guests/c/test_v4l_logic
+
+## book: the book under docs/ (docs/book.toml, docs/src/) built into target/book by mdbook,
+## installed from crates.io under $(TOOLS) the first time, pinned, as a debug build without its
+## `serve` and `watch` features (their web server is most of a release build's minutes; building
+## this book takes a debug mdbook about a second of CPU)
+MDBOOK_VERSION := 0.5.4
+book:
+	@$(TOOLS)/bin/mdbook --version 2>/dev/null | grep -qx 'mdbook v$(MDBOOK_VERSION)' || CARGO_PROFILE_DEV_DEBUG=0 $(CARGO) install --quiet --locked --debug --no-default-features --features search --root $(TOOLS) mdbook --version $(MDBOOK_VERSION)
+	$(TOOLS)/bin/mdbook build docs
 
 ## fuzz: the property tests behind the fuzzing claims, with many more cases than `make test`
 ## (FUZZ_CASES, default 50000; FUZZ_SEED picks another fixed seed)
@@ -205,11 +216,15 @@ bench:
 
 ## soak: SOAK_RESTARTS (200) kubelet restarts, a graceful stop and a crash in turn, with pods
 ## admitted, their containers restarted from the stand-in's checkpoint (CDI names resolved in the
-## spec directory) and a ListAndWatch stream cut between them; writes the figures into
-## bench/RESULTS.md. `make test` runs the same test with 20 restarts.
+## spec directory) and a ListAndWatch stream cut between them; then SOAK_DRA_CYCLES (200) DRA
+## cycles, each a wdp restart (SIGTERM and SIGKILL in turn) and a DRA kubelet restart with claims
+## prepared, prepared again and unprepared between them; writes both reports into
+## bench/RESULTS.md. `make test` runs the same tests with 20 restarts and 3 cycles. One at a time:
+## each has both cores to itself, and each writes the file alone.
 SOAK_RESTARTS ?= 200
+SOAK_DRA_CYCLES ?= 200
 soak: rust-guests host
-	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test integration -- soak:: --nocapture
+	WDP_SOAK_RESTARTS=$(SOAK_RESTARTS) WDP_SOAK_DRA_CYCLES=$(SOAK_DRA_CYCLES) WDP_SOAK_RESULTS=$(CURDIR)/bench/RESULTS.md $(CARGO) test --locked -p wdp-tests --test integration -- soak:: --nocapture --test-threads 1
 
 ## audit: Cargo.lock against the RustSec advisory database (cargo-audit, installed from crates.io
 ## the first time). Needs to reach github.com/rustsec/advisory-db, so it is not part of `make test`.

@@ -52,7 +52,7 @@ js)
     cp -r "$ROOT/guest-scanners/js/wit" "$build/wit"
     mkdir -p "$build/wit/deps/wdp-device-plugin"
     cp "$ROOT/wit/device-plugin.wit" "$build/wit/deps/wdp-device-plugin/"
-    # -d http fetch-event: no wasi:http import (the host has none); see docs/authoring.md.
+    # -d http fetch-event: no wasi:http import (the host has none); see docs/src/authors/javascript.md.
     (cd "$build" && "$cjs" --wit wit -n device-plugin-env -d http fetch-event -o "$name.wasm" app.js)
     ;;
 c)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ships the bundled Rust scanners of a release as OCI artifacts signed in wdp's cosign format,
-# with `wdp push` and `wdp sign` (the same code a scanner author uses: README, "Shipping scanners
+# with `wdp push` and `wdp sign` (the same code a scanner author uses: docs/src/authors/shipping.md, "Shipping scanners
 # as OCI artifacts"). Run by `make release` (scripts/release.sh); tests/tests/release.rs runs it
 # on the test build.
 #
@@ -90,7 +90,7 @@ EOF
 fi
 
 # A version is released once: a scanner already under this version's tag there is refused
-# before anything is pushed (tags are never moved: docs/versioning.md).
+# before anything is pushed (tags are never moved: docs/src/versioning.md).
 if [[ -z $local_registry ]]; then
     for name in $scanners; do
         if "$wdp" inspect "${insecure[@]}" "$registry/scanners/$name:$version" >/dev/null 2>&1; then

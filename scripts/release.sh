@@ -15,7 +15,7 @@
 #
 # IMAGE is REG/wdp with --registry (the image is pushed there, and the scanners to
 # REG/scanners/<name>:VERSION), else localhost/wdp. A version is released once: its tags are
-# never moved (docs/versioning.md), so the DaemonSet rolls exactly when the version changes.
+# never moved (docs/src/versioning.md), so the DaemonSet rolls exactly when the version changes.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)

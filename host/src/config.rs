@@ -789,20 +789,23 @@ mod tests {
             .collect()
     }
 
-    /// The README's config reference (its example and its key table) says exactly what the
+    /// The book's config reference (its example and its key table) says exactly what the
     /// parser accepts: a key added to the code and not to the table, or the reverse, fails here.
     #[test]
-    fn readme_config_reference_matches_the_parser() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-            .expect("README.md");
+    fn the_config_reference_matches_the_parser() {
+        let page = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/src/reference/config.md"
+        ))
+        .expect("docs/src/reference/config.md");
         let section = |name: &str| {
             let begin = format!("<!-- {name}:begin -->");
             let end = format!("<!-- {name}:end -->");
-            let start = readme.find(&begin).map(|i| i + begin.len());
-            let stop = readme.find(&end);
+            let start = page.find(&begin).map(|i| i + begin.len());
+            let stop = page.find(&end);
             match (start, stop) {
-                (Some(a), Some(b)) if a < b => readme[a..b].to_string(),
-                _ => panic!("README.md has no {begin} ... {end} section"),
+                (Some(a), Some(b)) if a < b => page[a..b].to_string(),
+                _ => panic!("docs/src/reference/config.md has no {begin} ... {end} section"),
             }
         };
 
@@ -842,7 +845,7 @@ mod tests {
             .collect();
         assert_eq!(
             documented, code,
-            "README.md's config key table against the parser"
+            "docs/src/reference/config.md's key table against the parser"
         );
 
         // The example parses as it stands (its two component files made to exist).
@@ -856,7 +859,8 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("path/to")).unwrap();
         std::fs::write(dir.path().join("path/to/kvm.wasm"), b"").unwrap();
         std::fs::write(dir.path().join("path/to/hook.wasm"), b"").unwrap();
-        let config = parse(yaml, Path::new("README.md"), dir.path()).expect("the README example");
+        let config =
+            parse(yaml, Path::new("config.md"), dir.path()).expect("the reference's example");
         assert_eq!(config.scanners.len(), 1);
     }
 

@@ -287,7 +287,7 @@ impl fmt::Debug for Metrics {
 
 impl Metrics {
     /// Every family under the `wdp_` prefix. Help texts are what `/metrics` shows and what
-    /// README's metrics table is checked against.
+    /// the book's metrics reference (docs/src/reference/metrics.md) is checked against.
     pub fn new(live: impl Live) -> Self {
         let mut registry = Registry::with_prefix("wdp");
         // `register` ends a help text with a period; the live families below write their own.

@@ -187,7 +187,7 @@ pub fn check(roots: &Roots) -> Vec<(&'static str, Vec<String>)> {
                 tracing::warn!(
                     root = %root.display(),
                     writable = writable.join(", "),
-                    "the {name} root is mounted read-only but mounts under it are writable: the container runtime did not make the mount recursively read-only (recursiveReadOnly needs Kubernetes 1.30+ with containerd 2.0+ or CRI-O 1.30+, and Linux 5.12+; see README, Deploy); wdp only reads them"
+                    "the {name} root is mounted read-only but mounts under it are writable: the container runtime did not make the mount recursively read-only (recursiveReadOnly needs Kubernetes 1.30+ with containerd 2.0+ or CRI-O 1.30+, and Linux 5.12+; see docs/src/operator/pod-rights.md); wdp only reads them"
                 );
             }
             (name, writable)

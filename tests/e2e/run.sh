@@ -670,7 +670,7 @@ run_dp() {
     k -n wdp-system logs --all-containers -l app.kubernetes.io/name=wdp --tail=-1 >"$T/wdp-dp.log" 2>&1
     k get events -A -o wide >"$T/events-dp.txt" 2>&1
 
-    # Uninstall (README): the sockets go with the pods, the CDI specs stay for running pods.
+    # Uninstall (docs/src/operator/upgrade.md): the sockets go with the pods, the CDI specs stay for running pods.
     k delete -k "$T/kust-dp" --wait=true --timeout=120s >/dev/null 2>&1
     local left specs
     left=$(find /var/lib/kubelet/device-plugins -mindepth 1 ! -name kubelet.sock ! -name kubelet_internal_checkpoint -printf '%f ')

@@ -252,6 +252,33 @@ impl Host {
     pub async fn terminate(self) -> ExitStatus {
         self.stop().await.unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Sends SIGKILL and waits for the exit, failing the test if it cannot: a crash, which
+    /// leaves behind whatever the process had on disk (sockets, files half-done) as it was.
+    pub async fn kill(mut self) -> ExitStatus {
+        self.signal("KILL");
+        let pid = self.pid;
+        tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("pid {pid} outlived SIGKILL by {STOP_TIMEOUT:?}"))
+            .unwrap_or_else(|e| panic!("wait for pid {pid}: {e}"))
+    }
+
+    /// The address `--metrics-addr 127.0.0.1:0` ended up serving on, from the log.
+    pub async fn metrics_addr(&self) -> String {
+        crate::eventually("the metrics address in the host's log", || async {
+            let log = self.log();
+            let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+            let port: String = line
+                .split("127.0.0.1:")
+                .nth(1)?
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            Some(format!("127.0.0.1:{port}"))
+        })
+        .await
+    }
 }
 
 impl Drop for Host {

@@ -1,8 +1,9 @@
 //! Shared support for wdp's integration tests and its benchmarks (`wdp-bench` builds on it):
 //! guest components built from source (see `build.rs`), sysfs/dev fixture trees with real device
 //! nodes, the `wdp` binary and its processes, what the kubelet stand-in observes, polling for a
-//! state, an HTTP GET, and deploy/'s DaemonSet as kubelet would run it.
+//! state, an HTTP GET, deploy/'s DaemonSet as kubelet would run it, and the book's pages.
 
+pub mod book;
 pub mod daemonset;
 pub mod fixture;
 pub mod host;

@@ -9,7 +9,7 @@
 //!   DaemonSet and on its pod as `wdp_tests::daemonset` reads it for the image's run, against the
 //!   ConfigMap's config as `wdp::config` reads it;
 //! * the Containerfile and scripts/image.sh are checked against the repository (the scanners
-//!   staged are the bundled ones) and against what the manifests and the README name in the
+//!   staged are the bundled ones) and against what the manifests and the book name in the
 //!   image;
 //! * DRA mode's Component (`deploy/dra/`) is rendered onto `deploy/` (and compared with kubectl's
 //!   rendering where kubectl exists), parsed the same way, and checked: the DRA pod is the
@@ -868,9 +868,10 @@ fn image_paths_in(text: &str) -> BTreeSet<String> {
 /// builds the image and runs it as the DaemonSet does, which proves the rest (the libraries, the
 /// entrypoint, the ConfigMap's components loading from their image paths). This checks what one
 /// run cannot: that the scanners staged are exactly the bundled ones, and that every image path
-/// the manifests and the README name, commented examples included, is one the image installs.
+/// the manifests and the book's pages name, commented examples included, is one the image
+/// installs.
 #[test]
-fn the_image_installs_what_the_manifests_and_the_readme_name() {
+fn the_image_installs_what_the_manifests_and_the_book_name() {
     let file = instructions(&read("Containerfile"));
     let script = read("scripts/image.sh");
 
@@ -923,7 +924,7 @@ fn the_image_installs_what_the_manifests_and_the_readme_name() {
         .map(|name| format!("{IMAGE_SCANNERS}{name}.wasm"))
         .collect();
 
-    // What the manifests run and name, and the README's examples, are in the image.
+    // What the manifests run and name, and the book's examples, are in the image.
     let docs = rendered();
     let ds: DaemonSet = one(&docs);
     let c = the_container(&ds);
@@ -937,8 +938,15 @@ fn the_image_installs_what_the_manifests_and_the_readme_name() {
         .expect("ENTRYPOINT");
     let entrypoint: Vec<String> = serde_json::from_str(&entrypoint.1).expect("exec form");
     assert_eq!(Some(&entrypoint[..]), c.command.as_deref());
-    for source in ["deploy/configmap.yaml", "README.md"] {
-        let named = image_paths_in(&read(source));
+    let book: String = wdp_tests::book::pages()
+        .iter()
+        .map(|page| read(&page.to_string_lossy()))
+        .collect();
+    for (source, text) in [
+        ("deploy/configmap.yaml", read("deploy/configmap.yaml")),
+        ("the book", book),
+    ] {
+        let named = image_paths_in(&text);
         assert!(!named.is_empty(), "{source} names no scanner in the image");
         let missing: Vec<&String> = named.difference(&in_image).collect();
         assert!(
@@ -1186,7 +1194,7 @@ fn the_dra_overlay_is_typed_kubernetes_objects_without_unknown_fields() {
     let base = repo().join("deploy");
     let err = render_with_component(&base, dir.path()).unwrap_err();
     assert!(err.contains("\"components\""), "{err}");
-    // The base names the Component, commented out, as the README says.
+    // The base names the Component, commented out, as the DRA chapter of the book says.
     assert!(read("deploy/kustomization.yaml").contains("\n# components:\n#   - dra\n"));
 }
 

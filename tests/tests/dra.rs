@@ -28,17 +28,17 @@ use wdp_tests::http::http_get;
 use wdp_tests::write_renamed;
 use wdp_tests::{eventually, eventually_showing, eventually_within, guest, resolve_cdi};
 
-const DRIVER: &str = "devices.example.com";
-const NODE: &str = "node-1";
+pub(crate) const DRIVER: &str = "devices.example.com";
+pub(crate) const NODE: &str = "node-1";
 
 /// kubelet's two directories for DRA drivers, in the fixture.
-struct KubeletDirs {
-    plugins: PathBuf,
-    registry: PathBuf,
+pub(crate) struct KubeletDirs {
+    pub(crate) plugins: PathBuf,
+    pub(crate) registry: PathBuf,
 }
 
 impl KubeletDirs {
-    fn new(f: &Fixture) -> Self {
+    pub(crate) fn new(f: &Fixture) -> Self {
         let dirs = KubeletDirs {
             plugins: f.path().join("kubelet/plugins"),
             registry: f.path().join("kubelet/plugins_registry"),
@@ -52,19 +52,36 @@ impl KubeletDirs {
 /// `kvm` (two slots) through DRA with CDI specs in `<fixture>/cdi`, and `net`, the same guest
 /// under another namespace, through the device-plugin API.
 fn config(f: &Fixture, dirs: &KubeletDirs, api: &ApiServerStandIn) -> PathBuf {
+    let net = format!(
+        "  - name: net
+    component: {guest}
+    namespace: net.example.com
+    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
+",
+        guest = guest("kvm").display(),
+    );
+    kvm_config(f, dirs, api, "SLOTS: 2, RESCAN_INTERVAL_MS: 200", &net)
+}
+
+/// `kvm` with the environment `env` through DRA with CDI specs in `<fixture>/cdi`, the
+/// scanners `more` after it, and the node's settings for kubelet's directories and the API
+/// server stand-in.
+pub(crate) fn kvm_config(
+    f: &Fixture,
+    dirs: &KubeletDirs,
+    api: &ApiServerStandIn,
+    env: &str,
+    more: &str,
+) -> PathBuf {
     f.write_config(&format!(
         "scanners:
   - name: kvm
     component: {guest}
     namespace: {DRIVER}
-    env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 200 }}
+    env: {{ {env} }}
     cdi: {{ dir: {cdi} }}
     frontend: dra
-  - name: net
-    component: {guest}
-    namespace: net.example.com
-    env: {{ SLOTS: 1, RESCAN_INTERVAL_MS: 600000 }}
-node:
+{more}node:
   name: {NODE}
   plugins-dir: {plugins}
   plugins-registry-dir: {registry}
@@ -78,9 +95,22 @@ node:
     ))
 }
 
+/// Waits until `kubelet` has no registration of the driver (its socket gone, seen by the
+/// watcher).
+pub(crate) async fn until_deregistered(kubelet: &KubeletStandIn) {
+    eventually("kubelet's watcher deregistered the driver", || async {
+        kubelet
+            .registered(DRIVER, Duration::ZERO)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
 /// A fixture with /dev/kvm, kubelet's directories in it, the API server stand-in and
 /// [`config`]'s file.
-async fn setup() -> (Fixture, KubeletDirs, ApiServerStandIn, PathBuf) {
+pub(crate) async fn setup() -> (Fixture, KubeletDirs, ApiServerStandIn, PathBuf) {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     let dirs = KubeletDirs::new(&f);
@@ -93,7 +123,7 @@ async fn setup() -> (Fixture, KubeletDirs, ApiServerStandIn, PathBuf) {
 
 /// `wdp run` of `config` beside a DRA kubelet (started with `options`) and a device-plugin
 /// kubelet, until the driver is registered and kvm-0 and kvm-1 are published.
-async fn serve_registered(
+pub(crate) async fn serve_registered(
     f: &Fixture,
     dirs: &KubeletDirs,
     api: &ApiServerStandIn,
@@ -149,7 +179,7 @@ fn slice_uids(api: &ApiServerStandIn) -> Vec<String> {
         .collect()
 }
 
-async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
+pub(crate) async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
     let want: Vec<(String, String)> = devices
         .iter()
         .map(|d| (NODE.to_string(), d.to_string()))
@@ -160,12 +190,64 @@ async fn until_published(api: &ApiServerStandIn, devices: &[&str]) {
     .await;
 }
 
+/// What the driver's checkpoint on disk holds: each prepared claim's UID and the
+/// `<pool>/<device>` of its devices. No file: nothing prepared.
+pub(crate) fn checkpointed(dirs: &KubeletDirs) -> BTreeMap<String, Vec<String>> {
+    let path = dirs.plugins.join(DRIVER).join("checkpoint.json");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return BTreeMap::new();
+    };
+    let file: serde_json::Value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let claims = file["claims"].as_object().cloned().unwrap_or_default();
+    claims
+        .into_iter()
+        .map(|(uid, claim)| {
+            let devices = claim["devices"].as_array().cloned().unwrap_or_default();
+            let names = devices
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{}/{}",
+                        d["pool"].as_str().unwrap_or("?"),
+                        d["device"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            (uid, names)
+        })
+        .collect()
+}
+
+/// Every device the checkpoint `held` gives to more than one claim.
+pub(crate) fn in_two_claims(held: &BTreeMap<String, Vec<String>>) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    held.values()
+        .flatten()
+        .filter(|d| !seen.insert(d.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// The CDI spec files of `dir`, each file's name and contents.
+pub(crate) fn cdi_specs(dir: &Path) -> BTreeMap<String, String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), text)
+        })
+        .collect()
+}
+
 /// A claim as the scheduler leaves it: `request` allocated `device` of this driver's pool.
-fn allocated(name: &str, request: &str, device: &str) -> ResourceClaim {
+pub(crate) fn allocated(name: &str, request: &str, device: &str) -> ResourceClaim {
     allocated_claim("default", name, DRIVER, NODE, &[(request, device)])
 }
 
-fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
+pub(crate) fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
     ClaimRef {
         namespace: claim.metadata.namespace.clone().unwrap_or_default(),
         uid: claim.metadata.uid.clone().unwrap_or_default(),
@@ -343,18 +425,7 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
 /// `wdp run --metrics-addr` on a free port, and the address it serves on (from its log).
 async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
     let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = eventually("the metrics address in the host's log", || async {
-        let log = host.log();
-        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-        let port: String = line
-            .split("127.0.0.1:")
-            .nth(1)?
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        Some(format!("127.0.0.1:{port}"))
-    })
-    .await;
+    let addr = host.metrics_addr().await;
     (host, addr)
 }
 
@@ -547,14 +618,7 @@ async fn reload_adds_and_removes_dra_scanners() {
         1,
         "not restarted"
     );
-    eventually("kubelet's watcher deregistered the driver", || async {
-        kubelet
-            .registered(DRIVER, Duration::ZERO)
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    until_deregistered(&kubelet).await;
 
     // Added back: registered again, slices published.
     write_renamed(&config, &full);

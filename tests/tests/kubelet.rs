@@ -544,18 +544,7 @@ async fn a_dev_type_without_devices_is_registered_only_from_its_first_device() {
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
     let host = Host::start_with(&config, &plugins, &f, &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = wdp_tests::eventually("the metrics address in the host's log", || async {
-        let log = host.log();
-        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-        let port: String = line
-            .split("127.0.0.1:")
-            .nth(1)?
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        Some(format!("127.0.0.1:{port}"))
-    })
-    .await;
+    let addr = host.metrics_addr().await;
     seen.devices("devices.example.com/kvm", &["kvm-0", "kvm-1"])
         .await;
     // The serial scanner's tree, with its empty `serial` type, has been served.

@@ -18,6 +18,7 @@ mod attacks;
 mod attacks_hostfs;
 mod attacks_output;
 mod authoring;
+mod book;
 mod catalogue;
 mod cdi_podman;
 mod contract_minor;

@@ -1,7 +1,7 @@
 //! Observability of a running `wdp run --metrics-addr`: `/metrics` moving with real events
 //! (hot-plug, Allocate through the kubelet stand-in, hook calls, failing and refused guests),
 //! `/healthz`, `/readyz` before and after registration and while kubelet is away, `/status` and
-//! `wdp status`, and README's metrics table checked against what the host exports.
+//! `wdp status`, and the book's metrics reference checked against what the host exports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -512,7 +512,7 @@ fn families(scrape: &str) -> BTreeMap<String, Family> {
     out
 }
 
-/// The table README.md should have between the markers, for a failure message.
+/// The table the metrics reference should have between the markers, for a failure message.
 fn table(families: &BTreeMap<String, Family>) -> String {
     let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
     for (name, t, labels, help) in families.values() {
@@ -525,17 +525,17 @@ fn table(families: &BTreeMap<String, Family>) -> String {
     out
 }
 
-/// The metrics table of README.md, between `<!-- metrics:begin -->` and `<!-- metrics:end -->`.
-fn readme_table() -> Result<BTreeMap<String, Family>, String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let readme = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let section = readme
-        .split_once("<!-- metrics:begin -->")
-        .and_then(|(_, rest)| rest.split_once("<!-- metrics:end -->"))
-        .map(|(section, _)| section)
-        .ok_or("README.md has no <!-- metrics:begin --> ... <!-- metrics:end --> section")?;
+/// The metrics reference's table, between `<!-- metrics:begin -->` and `<!-- metrics:end -->`.
+fn documented_table() -> Result<BTreeMap<String, Family>, String> {
+    let page = wdp_tests::book::read(METRICS_PAGE);
+    let section = wdp_tests::book::marked(&page, "metrics").ok_or_else(|| {
+        format!("{METRICS_PAGE} has no <!-- metrics:begin --> ... <!-- metrics:end --> section")
+    })?;
     parse_table(section)
 }
+
+/// The book's page every metric is listed on.
+const METRICS_PAGE: &str = "docs/src/reference/metrics.md";
 
 /// The rows of a metrics table (as [`table`] writes it), by metric name.
 fn parse_table(section: &str) -> Result<BTreeMap<String, Family>, String> {
@@ -548,7 +548,7 @@ fn parse_table(section: &str) -> Result<BTreeMap<String, Family>, String> {
         let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
         let [name, t, labels, help] = cells[..] else {
             return Err(format!(
-                "a row of README's metrics table has not 4 cells: {line}"
+                "a row of {METRICS_PAGE}'s table has not 4 cells: {line}"
             ));
         };
         let name = name.trim_matches('`').to_string();
@@ -566,7 +566,7 @@ fn parse_table(section: &str) -> Result<BTreeMap<String, Family>, String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readme_metrics_table_matches_what_the_host_exports() {
+async fn the_metrics_reference_matches_what_the_host_exports() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
     // A scanner with a hook and a served resource, and one served through DRA: every family
@@ -623,7 +623,7 @@ node:
     }
     // What the failure message offers is what the check accepts.
     assert_eq!(parse_table(&table(&exported)).as_ref(), Ok(&exported));
-    let documented = readme_table().unwrap_or_else(|e| {
+    let documented = documented_table().unwrap_or_else(|e| {
         panic!(
             "{e}; the table, from this scrape:\n<!-- metrics:begin -->\n{}<!-- metrics:end -->",
             table(&exported)
@@ -631,7 +631,7 @@ node:
     });
     assert!(
         documented == exported,
-        "README.md's metrics table differs from what the host exports; it should read:\n{}",
+        "{METRICS_PAGE}'s table differs from what the host exports; it should read:\n{}",
         table(&exported)
     );
 }

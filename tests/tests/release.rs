@@ -1,4 +1,4 @@
-//! Releases (`make release`, scripts/release.sh, docs/versioning.md), checked where it is cheap:
+//! Releases (`make release`, scripts/release.sh, docs/src/versioning.md), checked where it is cheap:
 //!
 //! * the version is stated once: CHANGELOG.md's newest release and deploy/'s image tag are the
 //!   workspace version;

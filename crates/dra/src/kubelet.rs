@@ -7,12 +7,14 @@
 //!   drivers gone while it was down do not linger);
 //! - it behaves as one kubelet release ([`Version`], 1.34 by default) where releases differ on
 //!   the wire: the `:authority` of each dial, the DRA services it speaks, the health stream;
-//! - its plugin watcher finds `*-reg.sock` in the registry directory (kubelet uses inotify; the
-//!   stand-in looks every 50 ms), dials it as kubelet does (grpc-go with the bare socket path:
+//! - its plugin watcher finds `*-reg.sock` in the registry directory by inotify, as kubelet does
+//!   (its reconciler acts on what the events said every 50 ms, kubelet's every second), dials it
+//!   as kubelet does (grpc-go with the bare socket path:
 //!   the percent-encoded path as `:authority`), calls `GetInfo`, accepts only `DRAPlugin`, picks
 //!   the newest DRA service both speak (`v1.DRAPlugin`, else `v1beta1.DRAPlugin`; 1.32 and 1.33
 //!   only know `v1beta1.DRAPlugin` of wdp's) and answers `NotifyRegistrationStatus`; a socket
-//!   bound again (another inode) is registered again, a socket removed deregisters the driver;
+//!   created again is registered again (whatever inode the file system gave it), a socket
+//!   removed deregisters the driver;
 //! - it calls `NodePrepareResources` and `NodeUnprepareResources` on the endpoint the driver
 //!   gave, over one connection per driver kept until the driver registers again, with kubelet's
 //!   45 s timeout, through the service version it picked; from 1.34 on it opens the
@@ -32,13 +34,14 @@
 //!   ids of its own requests only.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
+use wdp_kubelet::dir::{DirEvent, PluginDir};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -55,7 +58,8 @@ use crate::registration::{DRA_V1, DRA_V1BETA1, PLUGIN_TYPE};
 
 /// kubelet's timeout of a NodePrepareResources or NodeUnprepareResources call.
 pub const PLUGIN_CALL_TIMEOUT: Duration = Duration::from_secs(45);
-/// How often the stand-in's plugin watcher looks at the registry directory.
+/// How often the stand-in's reconciler brings the registered plugins to the sockets present
+/// (kubelet's `reconcilerLoopSleepPeriod` is 1 s; shorter here, for tests' sake).
 const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 /// How long kubelet waits before opening a driver's health stream again after it failed or
 /// ended (`wait.UntilWithContext` in `dra_plugin_manager.go`).
@@ -185,8 +189,9 @@ struct State {
     drivers: BTreeMap<String, Registered>,
     /// Registrations answered, accepted or refused, by driver.
     registrations: BTreeMap<String, usize>,
-    /// The registration sockets handled, by path, as (device, inode).
-    seen: BTreeMap<PathBuf, (u64, u64)>,
+    /// The registration sockets registered, by path, with the generation of the creation
+    /// registered (see [`Desired`]).
+    seen: BTreeMap<PathBuf, u64>,
     /// What every registration is refused with, when set.
     refuse: Option<String>,
     /// Deregistrations per driver: a pending wipe is dropped when the driver came back (or went
@@ -969,70 +974,134 @@ async fn connect(path: &Path, authority: Vec<u8>) -> Result<Channel, tonic::Stat
         .map_err(|e| tonic::Status::unavailable(format!("{}: {e}", path.display())))
 }
 
-/// The plugin watcher: registers every new registration socket, forgets removed ones.
+/// The plugin watcher and its reconciler, as kubelet's `pluginwatcher` and
+/// `pluginmanager/reconciler`: inotify events of the registry directory make the desired state
+/// (every `*-reg.sock` created, each creation a new generation, as kubelet stamps it with the
+/// event's time), and every [`WATCH_INTERVAL`] the registered state is brought to it: a socket
+/// created again is registered again even when the file system gave it the inode of the one
+/// removed (kubelet compares the stamps, not the files), a removed one deregisters its driver.
 async fn watch(registry: PathBuf, state: Arc<Mutex<State>>, wiper: Wiper) {
+    let dir = match PluginDir::watch(&registry) {
+        Ok(dir) => dir,
+        Err(e) => {
+            tracing::error!(dir = %registry.display(), error = %e, "cannot watch the plugin registry");
+            return;
+        }
+    };
+    // Subscribed before the first look, so no socket created meanwhile is missed.
+    let mut events = dir.subscribe();
+    let mut desired = Desired::default();
+    desired.traverse(&registry);
+    let mut reconcile = tokio::time::interval(WATCH_INTERVAL);
+    reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut present = BTreeMap::new();
-        if let Ok(entries) = std::fs::read_dir(&registry) {
-            for entry in entries.filter_map(Result::ok) {
-                let path = entry.path();
-                let is_reg = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.ends_with("-reg.sock"));
-                if let Ok(meta) = std::fs::symlink_metadata(&path)
-                    && is_reg
-                    && meta.file_type().is_socket()
-                {
-                    present.insert(path, (meta.dev(), meta.ino()));
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(DirEvent::Created(name)) => desired.created(registry.join(name)),
+                Ok(DirEvent::Removed(name)) => {
+                    desired.sockets.remove(&registry.join(name));
                 }
+                // Events lost: what is there now is what is desired (kubelet logs the error
+                // and goes on; the stand-in looks again so a test sees no lost socket).
+                Ok(DirEvent::Overflow) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    desired.traverse(&registry);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            _ = reconcile.tick() => reconcile_once(&desired, &state, &wiper).await,
+        }
+    }
+}
+
+/// The registration sockets kubelet wants registered, each with the generation of its last
+/// creation.
+#[derive(Default)]
+struct Desired {
+    sockets: BTreeMap<PathBuf, u64>,
+    generation: u64,
+}
+
+impl Desired {
+    /// A file was created: a registration socket gets a new generation, anything else is not a
+    /// plugin (kubelet's `handleCreateEvent` ignores what is not a Unix socket).
+    fn created(&mut self, path: PathBuf) {
+        let is_reg = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with("-reg.sock"));
+        let is_socket =
+            std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.file_type().is_socket());
+        if is_reg && is_socket {
+            self.generation += 1;
+            self.sockets.insert(path, self.generation);
+        }
+    }
+
+    /// kubelet's first walk of the directory, and the stand-in's look after lost events: sockets
+    /// gone are forgotten, sockets not yet known are added.
+    fn traverse(&mut self, registry: &Path) {
+        let present: BTreeSet<PathBuf> = std::fs::read_dir(registry)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .collect();
+        self.sockets.retain(|path, _| present.contains(path));
+        for path in present {
+            if !self.sockets.contains_key(&path) {
+                self.created(path);
             }
         }
-        let (new, gone): (Vec<_>, Vec<_>) = {
-            let s = lock(&state);
-            let new = present
-                .iter()
-                .filter(|(p, id)| s.seen.get(*p) != Some(*id))
-                .map(|(p, id)| (p.clone(), *id))
-                .collect();
-            let gone = s
-                .seen
-                .keys()
-                .filter(|p| !present.contains_key(*p))
-                .cloned()
-                .collect();
-            (new, gone)
-        };
-        for path in gone {
-            let mut s = lock(&state);
-            s.seen.remove(&path);
-            let driver = driver_of(&path);
-            s.channels.remove(&driver);
-            if let Some(watcher) = s.health_watchers.remove(&driver) {
-                watcher.abort();
+    }
+}
+
+/// One pass of the reconciler: deregisters drivers whose socket is gone, registers sockets not
+/// registered in their latest generation.
+async fn reconcile_once(desired: &Desired, state: &Arc<Mutex<State>>, wiper: &Wiper) {
+    let (new, gone): (Vec<_>, Vec<_>) = {
+        let s = lock(state);
+        let new = desired
+            .sockets
+            .iter()
+            .filter(|(p, generation)| s.seen.get(*p) != Some(*generation))
+            .map(|(p, generation)| (p.clone(), *generation))
+            .collect();
+        let gone = s
+            .seen
+            .keys()
+            .filter(|p| !desired.sockets.contains_key(*p))
+            .cloned()
+            .collect();
+        (new, gone)
+    };
+    for path in gone {
+        let mut s = lock(state);
+        s.seen.remove(&path);
+        let driver = driver_of(&path);
+        s.channels.remove(&driver);
+        if let Some(watcher) = s.health_watchers.remove(&driver) {
+            watcher.abort();
+        }
+        if s.drivers.remove(&driver).is_some() {
+            let departure = s.departures.entry(driver.clone()).or_default();
+            *departure += 1;
+            let wipe = tokio::spawn(wiper.clone().wipe(driver, *departure, state.clone()));
+            s.wipes.retain(|w| !w.is_finished());
+            s.wipes.push(wipe);
+        }
+    }
+    for (path, generation) in new {
+        // Not marked registered when no answer came (a socket bound but not yet listening, a
+        // stale one): tried again at the next pass, as kubelet's reconciler retries a plugin it
+        // could not register.
+        match register(&path, state).await {
+            Ok(()) => {
+                lock(state).seen.insert(path.clone(), generation);
             }
-            if s.drivers.remove(&driver).is_some() {
-                let departure = s.departures.entry(driver.clone()).or_default();
-                *departure += 1;
-                let wipe = tokio::spawn(wiper.clone().wipe(driver, *departure, state.clone()));
-                s.wipes.retain(|w| !w.is_finished());
-                s.wipes.push(wipe);
+            Err(e) => {
+                tracing::warn!(socket = %path.display(), error = %e, "DRA registration failed");
             }
         }
-        for (path, id) in new {
-            // Not marked seen when no answer came (a socket bound but not yet listening, a
-            // stale one): tried again at the next scan, as kubelet's reconciler retries a plugin
-            // it could not register.
-            match register(&path, &state).await {
-                Ok(()) => {
-                    lock(&state).seen.insert(path.clone(), id);
-                }
-                Err(e) => {
-                    tracing::warn!(socket = %path.display(), error = %e, "DRA registration failed");
-                }
-            }
-        }
-        tokio::time::sleep(WATCH_INTERVAL).await;
     }
 }
 
@@ -1196,29 +1265,80 @@ mod tests {
         assert_eq!(kubelet.registrations("late.example.com"), 0);
 
         rustix::net::listen(&fd, 16).unwrap();
-        let listener = std::os::unix::net::UnixListener::from(fd);
-        listener.set_nonblocking(true).unwrap();
-        let listener = tokio::net::UnixListener::from_std(listener).unwrap();
-        let plugin = Plugin {
-            info: PluginInfo {
-                r#type: PLUGIN_TYPE.into(),
-                name: "late.example.com".into(),
-                endpoint: registry.join("nowhere.sock").display().to_string(),
-                supported_versions: vec![DRA_V1.into()],
-            },
-            answers: Arc::default(),
-        };
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(plugin))
-                // As a driver serves it: kubelet's dial sends the socket path as `:authority`.
-                .serve_with_incoming(wdp_kubelet::authority::incoming(listener)),
-        );
+        let server = serve_registration(std::os::unix::net::UnixListener::from(fd), &registry);
         kubelet
             .registered("late.example.com", Duration::from_secs(20))
             .await
             .expect("registered once it answers");
         server.abort();
+    }
+
+    /// Serves the registration of a DRA driver named after the socket of `listener` (bound and
+    /// listening), as a driver does: kubelet's dial sends the socket path as `:authority`.
+    fn serve_registration(
+        listener: std::os::unix::net::UnixListener,
+        registry: &Path,
+    ) -> JoinHandle<Result<(), tonic::transport::Error>> {
+        let path = listener
+            .local_addr()
+            .unwrap()
+            .as_pathname()
+            .unwrap()
+            .to_owned();
+        let plugin = Plugin {
+            info: PluginInfo {
+                r#type: PLUGIN_TYPE.into(),
+                name: driver_of(&path),
+                endpoint: registry.join("nowhere.sock").display().to_string(),
+                supported_versions: vec![DRA_V1.into()],
+            },
+            answers: Arc::default(),
+        };
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(plugin))
+                .serve_with_incoming(wdp_kubelet::authority::incoming(listener)),
+        )
+    }
+
+    /// A driver restarting removes its registration socket and binds it again. ext4 gives the
+    /// new socket the inode the old one had, and a loaded machine may not let kubelet look at
+    /// the directory in between (here nothing is awaited between the two, so the stand-in's
+    /// tasks cannot run): kubelet registers the driver again all the same, from the directory's
+    /// inotify events, not from a comparison of what it finds.
+    #[tokio::test]
+    async fn a_socket_bound_again_at_once_is_registered_again() {
+        let api = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let registry = dir.path().join("plugins_registry");
+        std::fs::create_dir_all(&registry).unwrap();
+        let path = registry.join("again.example.com-reg.sock");
+        let bind = || std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let first = serve_registration(bind(), &registry);
+        let kubelet = KubeletStandIn::start(&registry, &api, "node-a");
+        kubelet
+            .registered("again.example.com", Duration::from_secs(20))
+            .await
+            .expect("registered");
+        assert_eq!(kubelet.registrations("again.example.com"), 1);
+
+        // The first driver's process ends (its listening socket closed, the file left behind),
+        // then the next one removes the file and binds again.
+        first.abort();
+        let _ = first.await;
+        std::fs::remove_file(&path).unwrap();
+        let second = serve_registration(bind(), &registry);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while kubelet.registrations("again.example.com") < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the socket bound again was not registered again within 20 s"
+            );
+            tokio::time::sleep(WATCH_INTERVAL).await;
+        }
+        second.abort();
     }
 
     #[tokio::test]

@@ -124,20 +124,27 @@ impl<C: ClaimSource> DraService<C> {
     }
 
     /// Prepares `claims`: one outcome per claim UID.
+    ///
+    /// Cancel-safe: kubelet going away mid-call (its connection closed, the call's deadline
+    /// passed) drops this future at an await, while a claim is read from the API server. The
+    /// claims are therefore prepared into a copy of the checkpoint, which replaces the kept one
+    /// only once it is saved, after the last await: a dropped call leaves the checkpoint as it
+    /// was, never holding in memory a claim that is not on disk (a later Prepare of that claim
+    /// would answer it from memory, and a crash then lose it while kubelet runs its pod).
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, PrepareOutcome> {
         let mut checkpoint = self.inner.checkpoint.lock().await;
-        let before = checkpoint.claims().clone();
+        let mut next = restore(&checkpoint, checkpoint.claims().clone());
         let mut out = BTreeMap::new();
         let mut added = Vec::new();
         for claim in claims {
-            if let Some(done) = checkpoint.get(&claim.uid) {
+            if let Some(done) = next.get(&claim.uid) {
                 out.insert(claim.uid.clone(), Ok(done.devices.clone()));
                 continue;
             }
-            match self.prepare_one(&checkpoint, &claim).await {
+            match self.prepare_one(&next, &claim).await {
                 Ok(prepared) => {
                     out.insert(claim.uid.clone(), Ok(prepared.devices.clone()));
-                    checkpoint.insert(claim.uid.clone(), prepared);
+                    next.insert(claim.uid.clone(), prepared);
                     added.push(claim.uid);
                 }
                 Err(e) => {
@@ -146,14 +153,18 @@ impl<C: ClaimSource> DraService<C> {
                 }
             }
         }
-        if !added.is_empty()
-            && let Err(e) = checkpoint.save()
-        {
-            // Nothing is prepared that is not durable: undo and let kubelet retry.
-            tracing::error!(error = %e, "checkpoint not written; claims not prepared");
-            *checkpoint = restore(&checkpoint, before);
-            for uid in added {
-                out.insert(uid, Err(format!("checkpoint not written: {e}")));
+        if added.is_empty() {
+            return out;
+        }
+        match next.save() {
+            Ok(()) => *checkpoint = next,
+            Err(e) => {
+                // Nothing is prepared that is not durable: the kept checkpoint stays as it was,
+                // and kubelet retries.
+                tracing::error!(error = %e, "checkpoint not written; claims not prepared");
+                for uid in added {
+                    out.insert(uid, Err(format!("checkpoint not written: {e}")));
+                }
             }
         }
         out
@@ -267,7 +278,8 @@ fn compatible(a: &PreparedDevice, b: &PreparedDevice) -> bool {
     a.admin_access || b.admin_access || (a.shared && b.shared)
 }
 
-/// A checkpoint at the same path holding `claims` (after a failed save).
+/// A checkpoint at the same path holding `claims`: a copy to change before it is saved, or the
+/// state before a failed save.
 fn restore(checkpoint: &Checkpoint, claims: BTreeMap<String, PreparedClaim>) -> Checkpoint {
     let mut fresh = Checkpoint::empty(checkpoint.path().to_path_buf());
     for (uid, claim) in claims {
@@ -852,6 +864,35 @@ mod tests {
             );
             service.unprepare(vec![claim_ref(&a), claim_ref(&b)]).await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_prepare_dropped_midway_leaves_the_checkpoint_as_it_was() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cp.json");
+        let service = direct(&server, Checkpoint::open(&path).unwrap());
+        let a = server.insert_claim(claim("a", &[("gpu", "gpu-0", false)]));
+        let b = server.insert_claim(claim("b", &[("gpu", "gpu-1", false)]));
+        // The call stops at its read of b, a prepared by then; it is dropped there, as when
+        // kubelet goes away.
+        server.hold_claim_read("ns", "b");
+        tokio::select! {
+            answer = service.prepare(vec![claim_ref(&a), claim_ref(&b)]) => {
+                panic!("answered while b's read is held: {answer:?}")
+            }
+            () = crate::testing::wait_for(|| server.claim_reads_held() == 1) => {}
+        }
+        assert!(
+            service.prepared().await.is_empty(),
+            "nothing kept in memory"
+        );
+        // a alone: prepared now, and on disk when answered.
+        let alone = service.prepare(vec![claim_ref(&a)]).await;
+        assert!(alone[&uid(&a)].is_ok(), "{alone:?}");
+        let on_disk = Checkpoint::open(&path).unwrap();
+        assert_eq!(on_disk.claims().keys().collect::<Vec<_>>(), [&uid(&a)]);
+        server.release_claim_reads();
     }
 
     #[tokio::test]

@@ -42,7 +42,7 @@ use wdp_kubelet::{DEFAULT_PLUGIN_DIR, KUBELET_SOCKET_NAME};
 /// any check is refused with an error and the running scanners are kept as they are.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The YAML config listing the scanners (see the README for every key).
+    /// The YAML config listing the scanners (every key: docs/src/reference/config.md).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
 

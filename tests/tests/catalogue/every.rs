@@ -1,6 +1,6 @@
 //! Every bundled scanner at once, each over its catalogue fixture: with only its required options
 //! it gives a tree the host's default policy accepts; the example entries of `deploy/` and the
-//! README parse and serve as written; and the CDI specs the host writes for what they report
+//! catalogue page of the book parse and serve as written; and the CDI specs the host writes for what they report
 //! load under the rules of the version they declare, the lowest their content needs.
 
 use std::path::{Path, PathBuf};
@@ -499,18 +499,17 @@ fn examples_of_configmap() -> Vec<Example> {
         .collect()
 }
 
-/// The README's example block, between its markers.
-fn readme_examples() -> Vec<Example> {
-    let readme = repo_file("README.md");
-    let (_, rest) = readme
-        .split_once("<!-- catalogue-examples:begin -->")
-        .expect("the README's catalogue-examples block");
-    let (block, _) = rest.split_once("<!-- catalogue-examples:end -->").unwrap();
-    commented_entries(block)
+/// The catalogue page's example block, between its markers.
+fn documented_examples() -> Vec<Example> {
+    let block = wdp_tests::book::block(CATALOGUE_PAGE, "catalogue-examples");
+    commented_entries(&block)
         .iter()
         .map(|t| Example::parse(t))
         .collect()
 }
+
+/// The book's page of the bundled scanners, which shows every example entry.
+const CATALOGUE_PAGE: &str = "docs/src/catalogue/index.md";
 
 /// The fixture an in-image scanner's example runs over.
 fn fixture_of(scanner: &str) -> fn() -> Fixture {
@@ -530,14 +529,14 @@ fn fixture_of(scanner: &str) -> fn() -> Fixture {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_entries_parse_and_serve_as_written() {
     let commented = examples_of_configmap();
-    let readme: Vec<String> = readme_examples()
+    let documented: Vec<String> = documented_examples()
         .iter()
         .map(|e| format!("{:?}", e.entry))
         .collect();
     let configmap: Vec<String> = commented.iter().map(|e| format!("{:?}", e.entry)).collect();
     assert_eq!(
-        readme, configmap,
-        "the README's examples are the ConfigMap's"
+        documented, configmap,
+        "the examples of {CATALOGUE_PAGE} are the ConfigMap's"
     );
 
     // Every bundled scanner has an entry: served, or commented.

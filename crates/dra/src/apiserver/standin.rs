@@ -46,7 +46,9 @@
 //! [`Verb`] ([`ApiServerStandIn::requests`]) and answers them with injected faults
 //! ([`ApiServerStandIn::inject`]: a status such as 429 with `Retry-After`, 500, 503 or 409, or
 //! an answer slower than the client waits); it breaks open watches mid-stream
-//! ([`ApiServerStandIn::reset_watches`]); and after every slice change it checks each pool as
+//! ([`ApiServerStandIn::reset_watches`]); it holds a read of a claim unanswered until told
+//! ([`ApiServerStandIn::hold_claim_read`]: a driver stopped in the middle of a
+//! NodePrepareResources, for as long as a test needs, with no sleep); and after every slice change it checks each pool as
 //! the scheduler reads it (the slices of its highest generation must agree on
 //! `resourceSliceCount`, be no more than that many, and name each device once), recording what
 //! breaks that ([`ApiServerStandIn::pool_violations`]).
@@ -238,6 +240,12 @@ struct State {
     faults: BTreeMap<Verb, VecDeque<Option<Fault>>>,
     /// What the pool checks found, in order.
     violations: Vec<String>,
+    /// Reads of a claim still to hold, by (namespace, name) ([`ApiServerStandIn::hold_claim_read`]).
+    holds: BTreeMap<(String, String), usize>,
+    /// Claim reads held so far.
+    held: u64,
+    /// Set when held reads are answered ([`ApiServerStandIn::release_claim_reads`]).
+    released: tokio::sync::watch::Sender<bool>,
 }
 
 /// One open watch: its field selector and where its events go.
@@ -428,6 +436,27 @@ impl ApiServerStandIn {
         );
         state.claims.insert(key, claim.clone());
         claim
+    }
+
+    /// Holds the next read of the claim `namespace/name` unanswered until
+    /// [`ApiServerStandIn::release_claim_reads`] (or the stand-in's end): a driver preparing
+    /// it stops there, in the middle of its NodePrepareResources, for as long as the test needs;
+    /// [`ApiServerStandIn::claim_reads_held`] says when it got there.
+    pub fn hold_claim_read(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        *lock(&self.state).holds.entry(key).or_default() += 1;
+    }
+
+    /// How many claim reads were held so far (each one counted when it arrives).
+    pub fn claim_reads_held(&self) -> u64 {
+        lock(&self.state).held
+    }
+
+    /// Answers every held claim read, and holds no further ones that are pending.
+    pub fn release_claim_reads(&self) {
+        let mut s = lock(&self.state);
+        s.holds.clear();
+        s.released.send_replace(true);
     }
 
     /// Deletes the claim `namespace/name`.
@@ -866,6 +895,21 @@ async fn serve(state: &Arc<Mutex<State>>, request: Request<Incoming>) -> Answer 
         && method == Method::GET
     {
         let key = (percent_decode(namespace), percent_decode(name));
+        let held = {
+            let mut s = lock(state);
+            match s.holds.get_mut(&key) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    s.held += 1;
+                    Some(s.released.subscribe())
+                }
+                _ => None,
+            }
+        };
+        if let Some(mut released) = held {
+            // Until released, or the stand-in is gone.
+            let _ = released.wait_for(|r| *r).await;
+        }
         return match lock(state).claims.get(&key) {
             Some(c) => respond(StatusCode::OK, c),
             None => not_found("resourceclaims", &key.1),
