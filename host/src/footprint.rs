@@ -15,8 +15,8 @@
 //!   refuses the tree before it does.
 //!
 //! So each form the host keeps of a guest's tree is at most that guest's limit, whatever the
-//! guest's own form of it; how many forms there are at once is the README's memory bound
-//! (section Security).
+//! guest's own form of it; how many forms there are at once is the host's memory bound
+//! (docs/src/security/output-policy.md).
 
 use std::mem::size_of;
 

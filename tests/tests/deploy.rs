@@ -724,8 +724,8 @@ fn the_memory_limit_covers_the_host_and_every_guest_limit() {
     let limit = quantity(&resources.limits, "limit");
     let request = quantity(&resources.requests, "request");
     let config = load_as_in_the_image(&config_yaml(&docs), &tempfile::tempdir().unwrap());
-    // What the host may hold for each scanner, in times its memory limit (the README's bound,
-    // section Security).
+    // What the host may hold for each scanner, in times its memory limit (the bound of
+    // docs/src/security/output-policy.md).
     let held = |s: &wdp::config::ScannerConfig| {
         let cdi = s
             .cdi
