@@ -22,6 +22,7 @@ mod catalogue;
 mod cdi_podman;
 mod contract_minor;
 mod deploy;
+mod disk_faults;
 mod dra;
 mod dra_catalogue;
 mod examples;
