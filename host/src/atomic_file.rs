@@ -31,71 +31,7 @@ pub fn write(path: &Path, bytes: &[u8], mode: u32, prefix: &str) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A tmpfs of 64 KiB mounted on a fresh directory, unmounted when dropped (also when a test
-    /// fails).
-    struct SmallDisk {
-        dir: tempfile::TempDir,
-    }
-
-    impl SmallDisk {
-        fn mount() -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let status = std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
-                .arg(dir.path())
-                .status()
-                .unwrap();
-            assert!(status.success(), "mount tmpfs (tests run as root)");
-            SmallDisk { dir }
-        }
-
-        fn path(&self) -> &Path {
-            self.dir.path()
-        }
-
-        /// Fills the disk to its last byte.
-        fn fill(&self) {
-            let mut f = std::fs::File::create(self.path().join("filler")).unwrap();
-            let chunk = [0u8; 4096];
-            loop {
-                match f.write(&chunk) {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(28) => break,
-                    Err(e) => panic!("{e}"),
-                }
-            }
-            // The last partial block too.
-            while f.write(&[0u8]).is_ok_and(|n| n == 1) {}
-        }
-
-        fn remount(&self, options: &str) {
-            let status = std::process::Command::new("mount")
-                .args(["-o", options])
-                .arg(self.path())
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
-
-        fn names(&self) -> Vec<String> {
-            let mut names: Vec<String> = std::fs::read_dir(self.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            names.sort();
-            names
-        }
-    }
-
-    impl Drop for SmallDisk {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg(self.dir.path())
-                .status();
-        }
-    }
+    use crate::testing::SmallDisk;
 
     #[test]
     fn a_full_or_read_only_disk_keeps_the_old_file_and_no_temporary_one() {
@@ -113,13 +49,13 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(disk.names(), ["filler", "spec.json"], "no temporary file left");
 
-        std::fs::remove_file(disk.path().join("filler")).unwrap();
-        disk.remount("remount,ro");
+        disk.free();
+        disk.remount("ro");
         let error = write(&path, &new, 0o644, ".tmp-").unwrap_err();
         assert_eq!(error.raw_os_error(), Some(30), "{error}");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
 
-        disk.remount("remount,rw");
+        disk.remount("rw");
         write(&path, &new, 0o600, ".tmp-").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), new);
         assert_eq!(disk.names(), ["spec.json"]);

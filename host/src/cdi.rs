@@ -479,7 +479,9 @@ impl CdiWriter {
             return Ok(Some(path));
         }
         std::fs::create_dir_all(&self.config.dir)
-            .and_then(|()| crate::atomic_file::write(&path, &bytes, 0o644, ownership::TEMP_PREFIX))
+            .and_then(|()| {
+                crate::atomic_file::write(&path, &bytes, 0o644, ownership::TEMP_PREFIX)
+            })
             .map_err(|error| CdiError::Write {
             path: path.clone(),
             error,
@@ -843,6 +845,60 @@ mod tests {
         // Stopping removes nothing: kubelet replays the names after any restart.
         drop(w);
         assert!(path.exists());
+    }
+
+    #[test]
+    fn a_full_disk_keeps_the_spec_and_names_only_what_it_describes() {
+        let disk = crate::testing::SmallDisk::mount();
+        let mut w = CdiWriter::new(
+            CdiConfig {
+                dir: disk.path().to_path_buf(),
+                format: CdiFormat::Json,
+            },
+            "gpu.example.com",
+            "gpu".into(),
+            Arc::default(),
+        );
+        let mut tree = DeviceTree::default();
+        tree.0.insert("i915".into(), group(&["card0"]));
+        w.sync(tree.clone());
+        let path = w.path("i915");
+        let before = std::fs::read(&path).unwrap();
+
+        disk.fill();
+        tree.0.insert("i915".into(), group(&["card0", "card1"]));
+        let served = w.sync(tree.clone());
+        assert_eq!(
+            served.0["i915"]["card0"].cdi_devices,
+            ["gpu.example.com/i915=card0"],
+            "the spec on disk describes it as it is"
+        );
+        assert!(served.0["i915"]["card1"].cdi_devices.is_empty(), "not on disk");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the old spec, whole");
+        assert!(w.failing());
+        assert_eq!(w.unwritten()["i915"].1, ["card1"]);
+        assert!(!w.retry(), "still full");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+
+        disk.free();
+        assert!(w.retry());
+        assert!(!w.failing() && w.unwritten().is_empty());
+        let named = w.names(served);
+        assert_eq!(
+            named.0["i915"]["card1"].cdi_devices,
+            ["gpu.example.com/i915=card1"]
+        );
+        assert_eq!(
+            named.0["i915"]["card0"].cdi_devices,
+            ["gpu.example.com/i915=card0"],
+            "named once"
+        );
+        assert_eq!(written(&w, "i915")["devices"].as_array().unwrap().len(), 2);
+        // The served tree, names and all, is what is on disk: nothing to write again.
+        std::fs::write(&path, "kept").unwrap();
+        w.sync(named);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
+        assert_eq!(disk.names(), ["wdp-gpu.example.com-i915.json"]);
     }
 
     #[test]

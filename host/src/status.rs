@@ -465,7 +465,12 @@ impl DiskReport {
                 self.obs.inner.metrics.disk_write_failed(self.kind);
                 let error = error.to_string();
                 if state.disk.get(&key) != Some(&error) {
-                    tracing::error!(kind, path = %path.display(), %error, "cannot write; the previous file stays, and the write is retried");
+                    if self.kind == DiskFile::CompileCache {
+                        // Costs compile time at the next start, nothing else.
+                        tracing::warn!(kind, path = %path.display(), %error, "cannot write; the previous file stays");
+                    } else {
+                        tracing::error!(kind, path = %path.display(), %error, "cannot write; the previous file stays");
+                    }
                     state.disk.insert(key, error);
                 }
             }
