@@ -8,24 +8,50 @@
 //! would otherwise hold on to the very space a full disk lacks) and the old file is untouched.
 
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Replaces the file at `path` with `bytes` (mode `mode`), or leaves it as it was and says why.
-/// The temporary file's name starts with `prefix`, so whoever cleans the directory knows it.
+/// Tells apart the temporary files of concurrent writes in one process.
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Replaces the file at `path` with `bytes` (mode `mode`), or leaves it as it was and says why:
+/// the OS error alone (`No space left on device (os error 28)`), the same at every attempt, so
+/// a caller can tell a new failure from the same one again. The temporary file's name starts
+/// with `prefix`, so whoever cleans the directory after a crash knows it.
 pub fn write(path: &Path, bytes: &[u8], mode: u32, prefix: &str) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    // Dropped (and removed) on any early return.
-    let mut tmp = tempfile::Builder::new().prefix(prefix).tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut tmp = Temporary(Some(dir.join(format!("{prefix}{}-{n}", std::process::id()))));
+    let tmp_path = tmp.0.clone().unwrap_or_default();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp_path)?;
+    file.write_all(bytes)?;
+    // The mode asked for, whatever the umask took from it.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp_path, path)?;
+    // Renamed: nothing left to remove.
+    tmp.0 = None;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// A temporary file removed when dropped: on every early return of [`write`].
+struct Temporary(Option<PathBuf>);
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 #[cfg(test)]

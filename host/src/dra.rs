@@ -77,6 +77,8 @@ pub struct DraDriver {
     status: ScannerHandle,
     /// Each dev-type of the last tree, in `/status` and `wdp_resource_devices`.
     resources: BTreeMap<String, ResourceHandle>,
+    /// The prepared-claims checkpoint: a failed write of it no longer matters once stopped.
+    checkpoint: PathBuf,
 }
 
 impl DraDriver {
@@ -203,6 +205,7 @@ impl DraDriver {
             namespace: namespace.to_owned(),
             status,
             resources: BTreeMap::new(),
+            checkpoint: checkpoint_path(config),
         })
     }
 
@@ -271,6 +274,10 @@ impl DraDriver {
                 tracing::error!(driver = %self.driver, error = %e, "DRA task failed");
             }
         }
+        // Stopped: nothing writes it any more.
+        self.status
+            .disk(DiskFile::Checkpoint)
+            .forget(&self.checkpoint);
     }
 }
 

@@ -173,14 +173,17 @@ impl Checkpoint {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "checkpoint".into());
-        // Removed when dropped, on any early return.
-        let mut tmp = tempfile::Builder::new()
-            .prefix(&format!(".{name}."))
-            .tempfile_in(&dir)
-            .map_err(io)?;
-        tmp.write_all(&bytes).map_err(io)?;
-        tmp.as_file().sync_all().map_err(io)?;
-        tmp.persist(&self.path).map_err(|e| io(e.error))?;
+        let tmp = dir.join(format!(".{name}.tmp"));
+        // One save at a time (the service holds the checkpoint's lock), so one temporary name
+        // does; removed when any step fails, or it would keep the space a full disk lacks.
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(&bytes)?;
+            f.sync_all()
+        });
+        if let Err(source) = written.and_then(|()| std::fs::rename(&tmp, &self.path)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(source));
+        }
         std::fs::File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io)?;
