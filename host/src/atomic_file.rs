@@ -25,7 +25,9 @@ pub fn write(path: &Path, bytes: &[u8], mode: u32, prefix: &str) -> std::io::Res
         _ => Path::new("."),
     };
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let mut tmp = Temporary(Some(dir.join(format!("{prefix}{}-{n}", std::process::id()))));
+    let mut tmp = Temporary(Some(
+        dir.join(format!("{prefix}{}-{n}", std::process::id())),
+    ));
     let tmp_path = tmp.0.clone().unwrap_or_default();
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -73,7 +75,11 @@ mod tests {
         let error = write(&path, &new, 0o644, ".tmp-").unwrap_err();
         assert_eq!(error.raw_os_error(), Some(28), "{error}");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
-        assert_eq!(disk.names(), ["filler", "spec.json"], "no temporary file left");
+        assert_eq!(
+            disk.names(),
+            ["filler", "spec.json"],
+            "no temporary file left"
+        );
 
         disk.free();
         disk.remount("ro");

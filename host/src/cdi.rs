@@ -160,7 +160,10 @@ fn same_device(kind: &str, id: &str, written: &DeviceInfo, device: &DeviceInfo) 
         && written.envs == *envs
         && written.annotations == *annotations
         && written.numa_nodes == *numa_nodes
-        && written.cdi_devices.iter().eq(cdi_devices.iter().filter(|n| **n != own))
+        && written
+            .cdi_devices
+            .iter()
+            .eq(cdi_devices.iter().filter(|n| **n != own))
 }
 
 /// Whether `group` would be written as `written` (a [`spec_part`]) was: the same devices, each
@@ -361,7 +364,9 @@ impl CdiWriter {
             let described = on_disk
                 .get(id)
                 .is_some_and(|w| same_device(kind, id, w, info));
-            if described && SpecDevice::describes(kind, id, info) && !info.cdi_devices.contains(&name)
+            if described
+                && SpecDevice::describes(kind, id, info)
+                && !info.cdi_devices.contains(&name)
             {
                 info.cdi_devices.push(name);
             }
@@ -429,7 +434,8 @@ impl CdiWriter {
             self.report.forget(&path);
             if !self.written.contains_key(&dev_type) && path.exists() {
                 // An earlier run's file it could not rewrite: still the runtime's to read.
-                self.written.insert(dev_type, (DeviceGroup::default(), Some(path)));
+                self.written
+                    .insert(dev_type, (DeviceGroup::default(), Some(path)));
             }
         }
         let files = std::mem::take(&mut self.written)
@@ -479,13 +485,11 @@ impl CdiWriter {
             return Ok(Some(path));
         }
         std::fs::create_dir_all(&self.config.dir)
-            .and_then(|()| {
-                crate::atomic_file::write(&path, &bytes, 0o644, ownership::TEMP_PREFIX)
-            })
+            .and_then(|()| crate::atomic_file::write(&path, &bytes, 0o644, ownership::TEMP_PREFIX))
             .map_err(|error| CdiError::Write {
-            path: path.clone(),
-            error,
-        })?;
+                path: path.clone(),
+                error,
+            })?;
         Ok(Some(path))
     }
 }
@@ -873,7 +877,10 @@ mod tests {
             ["gpu.example.com/i915=card0"],
             "the spec on disk describes it as it is"
         );
-        assert!(served.0["i915"]["card1"].cdi_devices.is_empty(), "not on disk");
+        assert!(
+            served.0["i915"]["card1"].cdi_devices.is_empty(),
+            "not on disk"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), before, "the old spec, whole");
         assert!(w.failing());
         assert_eq!(w.unwritten()["i915"].1, ["card1"]);

@@ -133,14 +133,14 @@ impl DraDriver {
         let disk = status.disk(DiskFile::Checkpoint);
         service.report_checkpoint_to(Box::new(
             move |path: &std::path::Path, error: Option<&wdp_dra::checkpoint::CheckpointError>| {
-            // The OS error alone: the report names the file.
-            let error = error.map(|e| match e {
-                wdp_dra::checkpoint::CheckpointError::Io { source, .. } => {
-                    source as &dyn std::fmt::Display
-                }
-                other => other as &dyn std::fmt::Display,
-            });
-            disk.wrote(path, error);
+                // The OS error alone: the report names the file.
+                let error = error.map(|e| match e {
+                    wdp_dra::checkpoint::CheckpointError::Io { source, .. } => {
+                        source as &dyn std::fmt::Display
+                    }
+                    other => other as &dyn std::fmt::Display,
+                });
+                disk.wrote(path, error);
             },
         ));
         let registration = RegistrationStatusHandle::default();

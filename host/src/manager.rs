@@ -314,7 +314,11 @@ impl Manager {
         // A DRA scanner has no device-plugin servers, whether its driver runs or not.
         if !matches!(self.dra, Dra::None) {
             if let Dra::Running(driver) = &mut self.dra {
-                let unwritten = self.cdi.as_ref().map(CdiWriter::unwritten).unwrap_or_default();
+                let unwritten = self
+                    .cdi
+                    .as_ref()
+                    .map(CdiWriter::unwritten)
+                    .unwrap_or_default();
                 driver.update(&tree, &unwritten);
             }
             self.current = tree.0.into_iter().map(|(t, g)| (t, Arc::new(g))).collect();

@@ -482,7 +482,11 @@ impl DiskReport {
     /// whatever its last write did no longer matters.
     pub fn forget(&self, path: &Path) {
         let mut state = self.obs.state();
-        if state.disk.remove(&(self.kind, path.to_path_buf())).is_some() {
+        if state
+            .disk
+            .remove(&(self.kind, path.to_path_buf()))
+            .is_some()
+        {
             tracing::info!(kind = self.kind.as_str(), path = %path.display(), "no longer written");
         }
         self.settle(&state);
@@ -839,7 +843,9 @@ mod tests {
         cache.wrote(Path::new("/var/cache/wdp/a.cwasm"), Some(&full));
         assert_eq!(
             obs.readiness().unwrap_err(),
-            ["CDI spec /var/run/cdi/wdp-x-y.json not written: No space left on device (os error 28) (the previous one stays; its new or changed devices are served without a CDI name until it is)"],
+            [
+                "CDI spec /var/run/cdi/wdp-x-y.json not written: No space left on device (os error 28) (the previous one stays; its new or changed devices are served without a CDI name until it is)"
+            ],
             "the compile cache costs compile time only"
         );
         let text = obs.metrics_text();
@@ -855,7 +861,10 @@ mod tests {
         cache.forget(Path::new("/var/cache/wdp/a.cwasm"));
         assert_eq!(obs.readiness(), Ok(()));
         let text = obs.metrics_text();
-        assert!(text.contains("wdp_disk_write_failing{kind=\"cdi\"} 0\n"), "{text}");
+        assert!(
+            text.contains("wdp_disk_write_failing{kind=\"cdi\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("wdp_disk_write_failures_total{kind=\"cdi\"} 2\n"));
     }
 

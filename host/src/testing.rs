@@ -69,7 +69,12 @@ impl SmallDisk {
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(self.path())
             .expect("read the disk")
-            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         names.sort();
         names

@@ -116,8 +116,16 @@ async fn allocate(kubelet: &StandIn, resource: &str, id: &str) -> (Vec<String>, 
     let answer = kubelet.allocate(resource, &[id]).await.unwrap();
     let container = &answer.container_responses[0];
     (
-        container.cdi_devices.iter().map(|d| d.name.clone()).collect(),
-        container.devices.iter().map(|d| d.host_path.clone()).collect(),
+        container
+            .cdi_devices
+            .iter()
+            .map(|d| d.name.clone())
+            .collect(),
+        container
+            .devices
+            .iter()
+            .map(|d| d.host_path.clone())
+            .collect(),
     )
 }
 
@@ -145,7 +153,10 @@ async fn cdi_specs_survive_a_full_and_a_read_only_disk() {
     seen.devices(&kvm, &["kvm-0"]).await;
     let kvm_spec = cdi.join(format!("wdp-{NAMESPACE}-kvm.json"));
     let kvm_name = format!("{NAMESPACE}/kvm=kvm-0");
-    assert_eq!(allocate(&kubelet, &kvm, "kvm-0").await.0, [kvm_name.clone()]);
+    assert_eq!(
+        allocate(&kubelet, &kvm, "kvm-0").await.0,
+        [kvm_name.as_str()]
+    );
     let before = std::fs::read(&kvm_spec).unwrap();
     assert!(host.terminate().await.success());
 
@@ -156,7 +167,10 @@ async fn cdi_specs_survive_a_full_and_a_read_only_disk() {
     seen.until("kvm registered again", |s| s.registrations(&kvm) >= 2)
         .await;
     readyz(&addr, 200, "ready").await;
-    assert_eq!(allocate(&kubelet, &kvm, "kvm-0").await.0, [kvm_name.clone()]);
+    assert_eq!(
+        allocate(&kubelet, &kvm, "kvm-0").await.0,
+        [kvm_name.as_str()]
+    );
     assert_eq!(std::fs::read(&kvm_spec).unwrap(), before);
 
     // A device type hot-plugged onto the full disk: served, without a CDI name the runtime
@@ -213,7 +227,10 @@ async fn cdi_specs_survive_a_full_and_a_read_only_disk() {
     let tun = format!("{NAMESPACE}/tun");
     seen.devices(&tun, &["tun-0"]).await;
     readyz(&addr, 503, "Read-only file system (os error 30)").await;
-    assert_eq!(allocate(&kubelet, &tun, "tun-0").await.0, Vec::<String>::new());
+    assert_eq!(
+        allocate(&kubelet, &tun, "tun-0").await.0,
+        Vec::<String>::new()
+    );
     assert!(disk.remount("rw"));
     let tun_name = format!("{NAMESPACE}/tun=tun-0");
     eventually("tun-0 allocated with its CDI name", || async {
@@ -243,7 +260,9 @@ async fn a_claim_is_refused_when_its_checkpoint_cannot_be_written() {
     std::fs::create_dir_all(&registry).unwrap();
     let driver_dir = plugins.join(NAMESPACE);
     let _disk = small_disk(&driver_dir, "rw");
-    let api = ApiServerStandIn::start().await.expect("the API server stand-in");
+    let api = ApiServerStandIn::start()
+        .await
+        .expect("the API server stand-in");
     let config = f.write_config(&format!(
         "scanners:
   - name: kvm
@@ -308,12 +327,18 @@ node:
         let entry = &answer[&second.uid];
         assert!(
             entry.error.contains("checkpoint not written")
-                && entry.error.contains("No space left on device (os error 28)"),
+                && entry
+                    .error
+                    .contains("No space left on device (os error 28)"),
             "{entry:?}"
         );
         assert!(entry.devices.is_empty());
     }
-    assert_eq!(std::fs::read(&checkpoint).unwrap(), before, "the last one, whole");
+    assert_eq!(
+        std::fs::read(&checkpoint).unwrap(),
+        before,
+        "the last one, whole"
+    );
     let mut with_filler = listed.clone();
     with_filler.push("filler".into());
     with_filler.sort();
@@ -328,7 +353,12 @@ node:
     )
     .await;
     metric_is(&addr, "wdp_disk_write_failing{kind=\"checkpoint\"}", 1.0).await;
-    metric_is(&addr, "wdp_disk_write_failures_total{kind=\"checkpoint\"}", 3.0).await;
+    metric_is(
+        &addr,
+        "wdp_disk_write_failures_total{kind=\"checkpoint\"}",
+        3.0,
+    )
+    .await;
     assert_eq!(failures_logged(&host), 1, "{}", host.log());
     // What is prepared is what the checkpoint holds: the first claim still answers.
     let again = kubelet

@@ -909,7 +909,8 @@ mod tests {
         let server = ApiServerStandIn::start().await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut unwritten = inventory();
-        unwritten.pools[0].devices[0].unavailable = Some("its CDI spec could not be written".into());
+        unwritten.pools[0].devices[0].unavailable =
+            Some("its CDI spec could not be written".into());
         let (tx, rx) = watch::channel(unwritten);
         let service = DraService::new(
             DRIVER,
