@@ -117,6 +117,29 @@ impl Host {
         Self::launch(config, plugin_dir, f, &launch).expect("start wdp run")
     }
 
+    /// [`Host::start`] with `/metrics`, `/readyz` and `/status` on a free port, and the address
+    /// they are served on (from its log).
+    pub async fn start_with_metrics(
+        config: &Path,
+        plugin_dir: &Path,
+        f: &Fixture,
+    ) -> (Host, String) {
+        let host = Self::start_with(config, plugin_dir, f, &["--metrics-addr", "127.0.0.1:0"]);
+        let addr = crate::eventually("the metrics address in the host's log", || async {
+            let log = host.log();
+            let line = log.lines().find(|l| l.contains("serving /metrics"))?;
+            let port: String = line
+                .split("127.0.0.1:")
+                .nth(1)?
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            Some(format!("127.0.0.1:{port}"))
+        })
+        .await;
+        (host, addr)
+    }
+
     /// Starts `wdp run --config <config>` over the fixture's roots as `launch` says, serving in
     /// `plugin_dir` and logging into a new file in the fixture.
     pub fn launch(

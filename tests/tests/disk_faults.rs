@@ -53,22 +53,9 @@ fn names(dir: &Path) -> Vec<String> {
     names
 }
 
-/// `wdp run --metrics-addr` on a free port, and the address it serves on (from its log).
+/// `wdp run --metrics-addr` on a free port, and the address it serves on.
 async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
-    let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = eventually("the metrics address in the host's log", || async {
-        let log = host.log();
-        let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-        let port: String = line
-            .split("127.0.0.1:")
-            .nth(1)?
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        Some(format!("127.0.0.1:{port}"))
-    })
-    .await;
-    (host, addr)
+    Host::start_with_metrics(config, plugins, f).await
 }
 
 /// The value of the sample `series` (name and labels, as `/metrics` prints them).
