@@ -22,7 +22,6 @@ pub mod schema;
 mod ownership;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,6 +30,8 @@ use serde::Serialize;
 pub use self::ownership::SpecOwnership;
 
 use crate::cdi_version::{self as version, CdiVersion};
+use crate::metrics::DiskFile;
+use crate::status::DiskReport;
 use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, is_cdi_name};
 
 /// Where container runtimes look for specs unless configured otherwise.
@@ -110,14 +111,27 @@ pub enum CdiError {
     },
 }
 
+/// The CDI name wdp gives device `id` of `kind`.
+fn own_name(kind: &str, id: &str) -> String {
+    format!("{kind}={id}")
+}
+
 /// What a spec is written from: the group without its devices' attributes, which no spec
-/// carries.
-fn spec_part(group: &DeviceGroup) -> DeviceGroup {
+/// carries, nor the CDI names wdp added to it (a group served before is written from again
+/// when a write is retried).
+fn spec_part(kind: &str, group: &DeviceGroup) -> DeviceGroup {
     group
         .iter()
         .map(|(id, info)| {
+            let own = own_name(kind, id);
             let info = DeviceInfo {
                 attributes: Default::default(),
+                cdi_devices: info
+                    .cdi_devices
+                    .iter()
+                    .filter(|n| **n != own)
+                    .cloned()
+                    .collect(),
                 ..info.clone()
             };
             (id.clone(), info)
@@ -125,31 +139,41 @@ fn spec_part(group: &DeviceGroup) -> DeviceGroup {
         .collect()
 }
 
-/// Whether `group` would be written as `written` (a [`spec_part`]) was: the same devices,
-/// equal but for their attributes.
-fn same_spec(written: &DeviceGroup, group: &DeviceGroup) -> bool {
+/// Whether device `id` of `kind` would be written as `written` (from a [`spec_part`]) was:
+/// equal but for its attributes and the CDI name wdp adds.
+fn same_device(kind: &str, id: &str, written: &DeviceInfo, device: &DeviceInfo) -> bool {
+    // Destructured: a field added to devices is compared until said otherwise here.
+    let DeviceInfo {
+        health,
+        nodes,
+        mounts,
+        envs,
+        annotations,
+        numa_nodes,
+        cdi_devices,
+        attributes: _,
+    } = device;
+    let own = own_name(kind, id);
+    written.health == *health
+        && written.nodes == *nodes
+        && written.mounts == *mounts
+        && written.envs == *envs
+        && written.annotations == *annotations
+        && written.numa_nodes == *numa_nodes
+        && written
+            .cdi_devices
+            .iter()
+            .eq(cdi_devices.iter().filter(|n| **n != own))
+}
+
+/// Whether `group` would be written as `written` (a [`spec_part`]) was: the same devices, each
+/// the same.
+fn same_spec(kind: &str, written: &DeviceGroup, group: &DeviceGroup) -> bool {
     written.len() == group.len()
-        && written.iter().zip(group).all(|((wid, w), (id, d))| {
-            // Destructured: a field added to devices is compared until said otherwise here.
-            let DeviceInfo {
-                health,
-                nodes,
-                mounts,
-                envs,
-                annotations,
-                numa_nodes,
-                cdi_devices,
-                attributes: _,
-            } = d;
-            wid == id
-                && w.health == *health
-                && w.nodes == *nodes
-                && w.mounts == *mounts
-                && w.envs == *envs
-                && w.annotations == *annotations
-                && w.numa_nodes == *numa_nodes
-                && w.cdi_devices == *cdi_devices
-        })
+        && written
+            .iter()
+            .zip(group)
+            .all(|((wid, w), (id, d))| wid == id && same_device(kind, id, w, d))
 }
 
 /// The name wdp gives the spec of resource `<namespace>/<dev-type>` in `format`.
@@ -167,9 +191,16 @@ pub struct CdiWriter {
     ownership: Arc<SpecOwnership>,
     /// Until [`CdiWriter::leave`]: after it, the scanner's name may already be a successor's.
     joined: bool,
-    /// Per dev-type: the group last synced, and its spec file (None: the group had no device
-    /// with a CDI name, so there is no file).
+    /// Per dev-type: the group its spec file on disk was written from, and that file (None:
+    /// the group had no device with a CDI name, so there is no file). A write that fails leaves
+    /// the entry (and the file) as they were.
     written: BTreeMap<String, (DeviceGroup, Option<PathBuf>)>,
+    /// Per dev-type whose last write failed on the disk (full, read-only): the group wanted on
+    /// disk ([`spec_part`]), written again by [`CdiWriter::retry`] or the next tree.
+    pending: BTreeMap<String, DeviceGroup>,
+    /// Where failed and succeeded writes are reported (`/readyz`, metrics, the log once per
+    /// change).
+    report: DiskReport,
 }
 
 impl CdiWriter {
@@ -189,7 +220,20 @@ impl CdiWriter {
             ownership,
             joined: true,
             written: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            report: DiskReport::detached(DiskFile::Cdi),
         }
+    }
+
+    /// Reports its writes to `report` (a manager's `/readyz` and metrics) instead of the log
+    /// alone.
+    pub fn report_to(&mut self, report: DiskReport) {
+        self.report = report;
+    }
+
+    /// Whether some spec could not be written and waits for [`CdiWriter::retry`].
+    pub fn failing(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     /// The spec file of `dev_type`.
@@ -203,18 +247,31 @@ impl CdiWriter {
 
     /// Brings the spec files in line with `tree` (writes changed and new types, removes gone
     /// ones) and returns the tree to serve: `tree` with each device's CDI name added where its
-    /// type's spec is on disk. The tree is taken and given back, not copied; a spec is written
-    /// again only when what it describes changed (a device's attributes are not in it).
+    /// type's spec on disk describes it as it is now. The tree is taken and given back, not
+    /// copied; a spec is written again only when what it describes changed (a device's
+    /// attributes are not in it), or its last write failed.
+    ///
+    /// A write that fails on the disk (full, read-only) leaves the previous spec in place:
+    /// kubelet replays the CDI names it already handed out on every container restart, and
+    /// they must still resolve. Devices that spec does not describe as they are now are served
+    /// without a CDI name until it is written (by [`CdiWriter::retry`] or the next tree):
+    /// their default Allocate answer still carries their nodes, mounts and env, while a name
+    /// the runtime cannot resolve, or resolves to other edits, would fail or misconfigure the
+    /// container (a DRA claim holding one is refused instead: [`CdiWriter::unwritten`]).
     pub fn sync(&mut self, mut tree: DeviceTree) -> DeviceTree {
         let gone: Vec<String> = self
             .written
             .keys()
+            .chain(self.pending.keys())
             .filter(|t| !tree.0.contains_key(*t))
             .cloned()
             .collect();
         for dev_type in gone {
-            if let Some((_, Some(path))) = self.written.remove(&dev_type) {
+            let had_file = matches!(self.written.remove(&dev_type), Some((_, Some(_))));
+            if self.pending.remove(&dev_type).is_some() || had_file {
+                let path = self.path(&dev_type);
                 remove(&path);
+                self.report.forget(&path);
             }
         }
         for (dev_type, group) in &mut tree.0 {
@@ -222,37 +279,147 @@ impl CdiWriter {
             let unchanged = self
                 .written
                 .get(dev_type)
-                .is_some_and(|(written, _)| same_spec(written, group));
-            if !unchanged {
-                match self.write(dev_type, &kind, group) {
-                    Ok(path) => {
-                        self.written
-                            .insert(dev_type.clone(), (spec_part(group), path));
-                    }
-                    Err(e) => {
-                        // Served without CDI names: the default answer still carries the nodes.
-                        tracing::error!(namespace = %self.namespace, dev_type, error = %e, "CDI spec not written");
-                        if let Some((_, Some(path))) = self.written.remove(dev_type) {
-                            remove(&path);
-                        }
-                        continue;
-                    }
+                .is_some_and(|(written, _)| same_spec(&kind, written, group));
+            if unchanged {
+                if self.pending.remove(dev_type).is_some() {
+                    // Back to what is on disk: nothing left to write.
+                    self.report.forget(&self.path(dev_type));
                 }
+            } else {
+                self.write_group(dev_type, &kind, spec_part(&kind, group));
             }
-            for (id, info) in group.iter_mut() {
-                let name = format!("{kind}={id}");
-                if SpecDevice::describes(&kind, id, info) && !info.cdi_devices.contains(&name) {
-                    info.cdi_devices.push(name);
-                }
+            self.name(dev_type, &kind, group);
+        }
+        self.tell_ownership();
+        tree
+    }
+
+    /// Writes again every spec whose last write failed; whether one now is on disk (then the
+    /// served tree gets the CDI names of its devices: [`CdiWriter::names`]).
+    pub fn retry(&mut self) -> bool {
+        let mut wrote = false;
+        for (dev_type, wanted) in std::mem::take(&mut self.pending) {
+            let kind = format!("{}/{dev_type}", self.namespace);
+            wrote |= self.write_group(&dev_type, &kind, wanted);
+        }
+        if wrote {
+            self.tell_ownership();
+        }
+        wrote
+    }
+
+    /// `tree` (one this writer returned from [`CdiWriter::sync`]) with the CDI names of the
+    /// devices whose specs are on disk now added; nothing is written or removed.
+    pub fn names(&self, mut tree: DeviceTree) -> DeviceTree {
+        for (dev_type, group) in &mut tree.0 {
+            let kind = format!("{}/{dev_type}", self.namespace);
+            self.name(dev_type, &kind, group);
+        }
+        tree
+    }
+
+    /// The devices of the last tree whose specs could not be written (they have no CDI name),
+    /// with the write's error, by dev-type: a DRA claim holding one must fail, since a prepared
+    /// claim gives the runtime CDI names and nothing else.
+    pub fn unwritten(&self) -> BTreeMap<&str, (String, Vec<&str>)> {
+        let mut out = BTreeMap::new();
+        for (dev_type, wanted) in &self.pending {
+            let kind = format!("{}/{dev_type}", self.namespace);
+            let on_disk = self.on_disk(dev_type);
+            let ids: Vec<&str> = wanted
+                .iter()
+                .filter(|(id, info)| SpecDevice::describes(&kind, id, info))
+                .filter(|(id, info)| {
+                    !on_disk
+                        .and_then(|g| g.get(*id))
+                        .is_some_and(|w| same_device(&kind, id, w, info))
+                })
+                .map(|(id, _)| id.as_str())
+                .collect();
+            if !ids.is_empty() {
+                let why = format!(
+                    "its CDI spec {} could not be written (see /readyz)",
+                    self.path(dev_type).display()
+                );
+                out.insert(dev_type.as_str(), (why, ids));
             }
         }
+        out
+    }
+
+    /// The group the spec of `dev_type` on disk describes, if there is one.
+    fn on_disk(&self, dev_type: &str) -> Option<&DeviceGroup> {
+        self.written
+            .get(dev_type)
+            .and_then(|(g, path)| path.as_ref().map(|_| g))
+    }
+
+    /// Adds the CDI name of each device of `group` that the spec on disk describes as it is.
+    fn name(&self, dev_type: &str, kind: &str, group: &mut DeviceGroup) {
+        let Some(on_disk) = self.on_disk(dev_type) else {
+            return;
+        };
+        for (id, info) in group.iter_mut() {
+            let name = own_name(kind, id);
+            let described = on_disk
+                .get(id)
+                .is_some_and(|w| same_device(kind, id, w, info));
+            if described
+                && SpecDevice::describes(kind, id, info)
+                && !info.cdi_devices.contains(&name)
+            {
+                info.cdi_devices.push(name);
+            }
+        }
+    }
+
+    /// Writes the spec of `wanted` (a [`spec_part`]); whether it is on disk now. A failure of
+    /// the disk keeps the previous file and leaves the group pending; any other (a kind or spec
+    /// no runtime would load) is not retried: the spec would be refused again.
+    fn write_group(&mut self, dev_type: &str, kind: &str, wanted: DeviceGroup) -> bool {
+        match self.write(dev_type, kind, &wanted) {
+            Ok(path) => {
+                if self.pending.remove(dev_type).is_some() || path.is_some() {
+                    self.report.wrote(&self.path(dev_type), None);
+                }
+                self.written.insert(dev_type.to_string(), (wanted, path));
+                true
+            }
+            Err(CdiError::Write { path, error }) => {
+                self.report.wrote(&path, Some(&error));
+                self.pending.insert(dev_type.to_string(), wanted);
+                false
+            }
+            Err(e) => {
+                tracing::error!(namespace = %self.namespace, dev_type, error = %e, "CDI spec not written");
+                if let Some((_, Some(path))) = self.written.remove(dev_type) {
+                    remove(&path);
+                }
+                if self.pending.remove(dev_type).is_some() {
+                    self.report.forget(&self.path(dev_type));
+                }
+                false
+            }
+        }
+    }
+
+    /// Tells the ownership which files this scanner writes: those on disk, and those whose
+    /// write failed (the file of an earlier run stays for the runtime until it is rewritten).
+    fn tell_ownership(&self) {
+        let pending: Vec<(&str, PathBuf)> = self
+            .pending
+            .keys()
+            .filter(|t| !self.written.contains_key(*t))
+            .map(|t| (t.as_str(), self.path(t)))
+            .filter(|(_, p)| p.exists())
+            .collect();
         let files: Vec<(&str, &Path)> = self
             .written
             .iter()
             .filter_map(|(t, (_, path))| Some((t.as_str(), path.as_deref()?)))
+            .chain(pending.iter().map(|(t, p)| (*t, p.as_path())))
             .collect();
         self.ownership.wrote(&self.scanner, &files);
-        tree
     }
 
     /// Stops writing: the spec files stay for the runtime (kubelet replays their names after
@@ -261,6 +428,15 @@ impl CdiWriter {
     pub fn leave(&mut self) {
         if !std::mem::take(&mut self.joined) {
             return;
+        }
+        for dev_type in std::mem::take(&mut self.pending).into_keys() {
+            let path = self.path(&dev_type);
+            self.report.forget(&path);
+            if !self.written.contains_key(&dev_type) && path.exists() {
+                // An earlier run's file it could not rewrite: still the runtime's to read.
+                self.written
+                    .insert(dev_type, (DeviceGroup::default(), Some(path)));
+            }
         }
         let files = std::mem::take(&mut self.written)
             .into_iter()
@@ -303,10 +479,17 @@ impl CdiWriter {
             path: path.clone(),
             message,
         })?;
-        write_atomic(&path, &bytes).map_err(|error| CdiError::Write {
-            path: path.clone(),
-            error,
-        })?;
+        // A spec already on disk as it would be written (an earlier run's, after a restart) is
+        // kept as is: nothing to write, so nothing a full or read-only disk could refuse.
+        if std::fs::read(&path).is_ok_and(|on_disk| on_disk == bytes) {
+            return Ok(Some(path));
+        }
+        std::fs::create_dir_all(&self.config.dir)
+            .and_then(|()| crate::atomic_file::write(&path, &bytes, 0o644, ownership::TEMP_PREFIX))
+            .map_err(|error| CdiError::Write {
+                path: path.clone(),
+                error,
+            })?;
         Ok(Some(path))
     }
 }
@@ -323,23 +506,6 @@ fn remove(path: &Path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove CDI spec"),
     }
-}
-
-/// Writes `bytes` to a temporary file next to `path`, syncs it, makes it world-readable (the
-/// runtime may not run as root) and renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(ownership::TEMP_PREFIX)
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(0o644))?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 /// A CDI spec (container-device-interface `specs-go`), only the fields wdp writes.
@@ -683,6 +849,63 @@ mod tests {
         // Stopping removes nothing: kubelet replays the names after any restart.
         drop(w);
         assert!(path.exists());
+    }
+
+    #[test]
+    fn a_full_disk_keeps_the_spec_and_names_only_what_it_describes() {
+        let disk = crate::testing::SmallDisk::mount();
+        let mut w = CdiWriter::new(
+            CdiConfig {
+                dir: disk.path().to_path_buf(),
+                format: CdiFormat::Json,
+            },
+            "gpu.example.com",
+            "gpu".into(),
+            Arc::default(),
+        );
+        let mut tree = DeviceTree::default();
+        tree.0.insert("i915".into(), group(&["card0"]));
+        w.sync(tree.clone());
+        let path = w.path("i915");
+        let before = std::fs::read(&path).unwrap();
+
+        disk.fill();
+        tree.0.insert("i915".into(), group(&["card0", "card1"]));
+        let served = w.sync(tree.clone());
+        assert_eq!(
+            served.0["i915"]["card0"].cdi_devices,
+            ["gpu.example.com/i915=card0"],
+            "the spec on disk describes it as it is"
+        );
+        assert!(
+            served.0["i915"]["card1"].cdi_devices.is_empty(),
+            "not on disk"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the old spec, whole");
+        assert!(w.failing());
+        assert_eq!(w.unwritten()["i915"].1, ["card1"]);
+        assert!(!w.retry(), "still full");
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+
+        disk.free();
+        assert!(w.retry());
+        assert!(!w.failing() && w.unwritten().is_empty());
+        let named = w.names(served);
+        assert_eq!(
+            named.0["i915"]["card1"].cdi_devices,
+            ["gpu.example.com/i915=card1"]
+        );
+        assert_eq!(
+            named.0["i915"]["card0"].cdi_devices,
+            ["gpu.example.com/i915=card0"],
+            "named once"
+        );
+        assert_eq!(written(&w, "i915")["devices"].as_array().unwrap().len(), 2);
+        // The served tree, names and all, is what is on disk: nothing to write again.
+        std::fs::write(&path, "kept").unwrap();
+        w.sync(named);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
+        assert_eq!(disk.names(), ["wdp-gpu.example.com-i915.json"]);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use wdp_dra::seam::{AttributeValue, Device, Inventory, Pool};
 use crate::config::{ApiServer, DraConfig};
 use crate::hostfs::sys::{SysDir, SysReads};
 use crate::hostfs::{DevFs, NodeKind};
+use crate::metrics::DiskFile;
 use crate::sandbox::Roots;
 use crate::status::{ResourceHandle, ScannerHandle};
 use crate::tree::{AttributeValue as TreeAttributeValue, DeviceTree, Health};
@@ -76,6 +77,8 @@ pub struct DraDriver {
     status: ScannerHandle,
     /// Each dev-type of the last tree, in `/status` and `wdp_resource_devices`.
     resources: BTreeMap<String, ResourceHandle>,
+    /// The prepared-claims checkpoint: a failed write of it no longer matters once stopped.
+    checkpoint: PathBuf,
 }
 
 impl DraDriver {
@@ -127,6 +130,19 @@ impl DraDriver {
             checkpoint,
             HEALTH_REFRESH,
         );
+        let disk = status.disk(DiskFile::Checkpoint);
+        service.report_checkpoint_to(Box::new(
+            move |path: &std::path::Path, error: Option<&wdp_dra::checkpoint::CheckpointError>| {
+                // The OS error alone: the report names the file.
+                let error = error.map(|e| match e {
+                    wdp_dra::checkpoint::CheckpointError::Io { source, .. } => {
+                        source as &dyn std::fmt::Display
+                    }
+                    other => other as &dyn std::fmt::Display,
+                });
+                disk.wrote(path, error);
+            },
+        ));
         let registration = RegistrationStatusHandle::default();
         let mut tasks = Vec::new();
         let socket = endpoints.dra_socket();
@@ -189,6 +205,7 @@ impl DraDriver {
             namespace: namespace.to_owned(),
             status,
             resources: BTreeMap::new(),
+            checkpoint: checkpoint_path(config),
         })
     }
 
@@ -198,8 +215,11 @@ impl DraDriver {
     }
 
     /// Serves `tree` (its CDI names already filled in by the manager) as the driver's pool, and
-    /// shows its dev-types' devices in `/status` and `/metrics`.
-    pub fn update(&mut self, tree: &DeviceTree) {
+    /// shows its dev-types' devices in `/status` and `/metrics`. `unwritten` holds, by dev-type,
+    /// the devices whose CDI spec could not be written and why ([`crate::cdi::CdiWriter::unwritten`]):
+    /// they stay published (the disk is a passing fault), but a claim holding one is refused
+    /// until the spec is on disk, rather than prepared with no CDI name for the runtime.
+    pub fn update(&mut self, tree: &DeviceTree, unwritten: &BTreeMap<&str, (String, Vec<&str>)>) {
         self.resources.retain(|dev_type, handle| {
             let kept = tree.0.contains_key(dev_type);
             if !kept {
@@ -217,6 +237,18 @@ impl DraDriver {
                 .devices(group);
         }
         let mut pool = pool(&self.node_name, tree);
+        // `pool` lists the tree's devices in the tree's order.
+        let ids = tree
+            .0
+            .iter()
+            .flat_map(|(t, g)| g.keys().map(move |id| (t.as_str(), id.as_str())));
+        for (device, (dev_type, id)) in pool.devices.iter_mut().zip(ids) {
+            if let Some((why, ids)) = unwritten.get(dev_type)
+                && ids.contains(&id)
+            {
+                device.unavailable = Some(why.clone());
+            }
+        }
         if let Some(pci) = &self.pci {
             pci.fill(&mut pool, tree);
         }
@@ -242,6 +274,10 @@ impl DraDriver {
                 tracing::error!(driver = %self.driver, error = %e, "DRA task failed");
             }
         }
+        // Stopped: nothing writes it any more.
+        self.status
+            .disk(DiskFile::Checkpoint)
+            .forget(&self.checkpoint);
     }
 }
 

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub(crate) mod allocate;
+pub mod atomic_file;
 pub mod bindings;
 pub mod cdi;
 pub mod cdi_version;

@@ -19,6 +19,7 @@ use crate::cdi::{CdiConfig, CdiWriter, SpecOwnership};
 use crate::config::DraConfig;
 use crate::dra::DraDriver;
 use crate::hooks::Hooks;
+use crate::metrics::DiskFile;
 use crate::sandbox::Roots;
 use crate::scanner::ScannerEvent;
 use crate::server::{ResourceServer, ServedResource};
@@ -126,6 +127,12 @@ impl Claims {
     }
 }
 
+/// The first retry of a CDI spec whose write failed (a full or read-only disk); each next one
+/// waits twice as long, up to [`CDI_RETRY_MAX`]. A new tree retries at once.
+const CDI_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+/// The longest wait between two retries of a CDI spec.
+const CDI_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a manager needs to serve a scanner's resources.
 pub struct Manager {
     scanner: Arc<str>,
@@ -189,18 +196,18 @@ impl Manager {
     /// Keeps CDI spec files for this scanner's resources and serves their CDI names; the
     /// host-wide `ownership` decides when a file this scanner no longer writes is removed.
     pub fn with_cdi(mut self, config: CdiConfig, ownership: Arc<SpecOwnership>) -> Self {
-        self.cdi = Some(CdiWriter::new(
-            config,
-            &self.namespace,
-            self.scanner.clone(),
-            ownership,
-        ));
+        let mut cdi = CdiWriter::new(config, &self.namespace, self.scanner.clone(), ownership);
+        cdi.report_to(self.status.disk(DiskFile::Cdi));
+        self.cdi = Some(cdi);
         self
     }
 
     /// Reports this scanner and its resources through `status` (from
     /// [`crate::status::Observability::add_scanner`]) instead of a state nobody reads.
     pub fn with_status(mut self, status: ScannerHandle) -> Self {
+        if let Some(cdi) = &mut self.cdi {
+            cdi.report_to(status.disk(DiskFile::Cdi));
+        }
         self.status = status;
         self
     }
@@ -229,7 +236,23 @@ impl Manager {
                 }
             };
         }
-        while let Some(event) = events.recv().await {
+        let mut backoff = CDI_RETRY_FIRST;
+        loop {
+            let failing = self.cdi.as_ref().is_some_and(CdiWriter::failing);
+            if !failing {
+                backoff = CDI_RETRY_FIRST;
+            }
+            let event = tokio::select! {
+                event = events.recv() => event,
+                () = tokio::time::sleep(backoff), if failing => {
+                    self.retry_cdi();
+                    backoff = (backoff * 2).min(CDI_RETRY_MAX);
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                break;
+            };
             // Released when the event is done with; none when the supervisor is gone.
             let _applying = queue.upgrade().and_then(|tx| tx.try_reserve_owned().ok());
             self.status.event(&event);
@@ -247,6 +270,26 @@ impl Manager {
         self.status.remove();
     }
 
+    /// Writes again the CDI specs whose last write failed (a full or read-only disk); once one is
+    /// on disk, its devices are served again with their CDI names, without waiting for the
+    /// scanner's next tree (which may never come: nothing changed on the node).
+    pub fn retry_cdi(&mut self) {
+        let Some(cdi) = &mut self.cdi else {
+            return;
+        };
+        if !cdi.retry() {
+            return;
+        }
+        let served = DeviceTree(
+            self.current
+                .iter()
+                .map(|(t, g)| (t.clone(), DeviceGroup::clone(g)))
+                .collect(),
+        );
+        let tree = cdi.names(served);
+        self.serve(tree);
+    }
+
     /// The dev-types currently served.
     pub fn served(&self) -> Vec<String> {
         self.servers.keys().cloned().collect()
@@ -258,7 +301,7 @@ impl Manager {
     /// tree is taken apart: each changed group is moved into the servers' shared copy, not
     /// copied (a 10,000-device group costs 1.5 ms to clone).
     pub fn apply(&mut self, tree: DeviceTree) -> TreeDiff {
-        let mut tree = match &mut self.cdi {
+        let tree = match &mut self.cdi {
             Some(cdi) => {
                 let held = |t: &String| self.claims.available(&self.namespace, t, &self.scanner);
                 if tree.0.keys().all(held) {
@@ -274,11 +317,22 @@ impl Manager {
             }
             None => tree,
         };
+        self.serve(tree)
+    }
+
+    /// Brings the servers (or the DRA driver) in line with `tree`, whose CDI names are filled
+    /// in.
+    fn serve(&mut self, mut tree: DeviceTree) -> TreeDiff {
         let d = diff(&self.current, &tree);
         // A DRA scanner has no device-plugin servers, whether its driver runs or not.
         if !matches!(self.dra, Dra::None) {
             if let Dra::Running(driver) = &mut self.dra {
-                driver.update(&tree);
+                let unwritten = self
+                    .cdi
+                    .as_ref()
+                    .map(CdiWriter::unwritten)
+                    .unwrap_or_default();
+                driver.update(&tree, &unwritten);
             }
             self.current = tree.0.into_iter().map(|(t, g)| (t, Arc::new(g))).collect();
             return d;

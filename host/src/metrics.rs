@@ -267,6 +267,31 @@ pub trait Live: fmt::Debug + Send + Sync + 'static {
     fn with_series(&self, f: &mut Visit<'_>);
 }
 
+/// The files wdp keeps on disk, as the `kind` label of the disk-write series names them: an
+/// operator alerts on a full or read-only disk by what it costs.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DiskFile {
+    /// A CDI spec (`cdi:` scanners).
+    Cdi,
+    /// A DRA driver's prepared-claims checkpoint.
+    Checkpoint,
+    /// An entry of the compiled-component cache.
+    CompileCache,
+}
+
+impl DiskFile {
+    const ALL: [DiskFile; 3] = [DiskFile::Cdi, DiskFile::Checkpoint, DiskFile::CompileCache];
+
+    /// The `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskFile::Cdi => "cdi",
+            DiskFile::Checkpoint => "checkpoint",
+            DiskFile::CompileCache => "compile-cache",
+        }
+    }
+}
+
 /// The outcome label of a config reload.
 const RELOAD_SUCCESS: [(&str, &str); 1] = [("result", "success")];
 const RELOAD_FAILURE: [(&str, &str); 1] = [("result", "failure")];
@@ -277,6 +302,8 @@ pub struct Metrics {
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
     last_reload_ok: Gauge,
     writable_mounts: Family<[(&'static str, &'static str); 1], Gauge>,
+    disk_failing: Family<[(&'static str, &'static str); 1], Gauge>,
+    disk_failures: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -321,13 +348,45 @@ impl Metrics {
             "Mounts at or under the sys or dev root (--sys-root, --dev-root) that are not read-only, as /proc/self/mountinfo showed them at start; 0 when the root is read-only all the way down",
             writable_mounts.clone(),
         );
+        let disk_failing = Family::<[(&'static str, &'static str); 1], Gauge>::default();
+        let disk_failures = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        for kind in DiskFile::ALL {
+            let _ = disk_failing.get_or_create(&[("kind", kind.as_str())]);
+            let _ = disk_failures.get_or_create(&[("kind", kind.as_str())]);
+        }
+        registry.register(
+            "disk_write_failing",
+            "1 while the last write of some file of this kind (cdi, checkpoint, compile-cache) failed (a full or read-only disk): the previous file stays, the write is retried, and /readyz names the file (the compile cache excepted: it only costs compile time)",
+            disk_failing.clone(),
+        );
+        registry.register(
+            "disk_write_failures",
+            "Writes of a file of this kind (cdi, checkpoint, compile-cache) that failed, retries included",
+            disk_failures.clone(),
+        );
         registry.register_collector(Box::new(LiveCollector(live)));
         Metrics {
             registry,
             reloads,
             last_reload_ok,
             writable_mounts,
+            disk_failing,
+            disk_failures,
         }
+    }
+
+    /// A write of a `kind` file failed.
+    pub fn disk_write_failed(&self, kind: DiskFile) {
+        self.disk_failures
+            .get_or_create(&[("kind", kind.as_str())])
+            .inc();
+    }
+
+    /// Whether some `kind` file's last write failed.
+    pub fn disk_failing(&self, kind: DiskFile, failing: bool) {
+        self.disk_failing
+            .get_or_create(&[("kind", kind.as_str())])
+            .set(i64::from(failing));
     }
 
     /// `count` mounts at or under the root `root` (`sys` or `dev`) are writable.

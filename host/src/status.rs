@@ -17,6 +17,7 @@
 //! its driver is, and readiness is the driver's.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -24,7 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use wdp_kubelet::server::ServerReport;
 
-use crate::metrics::{Live, Metrics, ResourceMetrics, ScannerMetrics, Visit};
+use crate::metrics::{DiskFile, Live, Metrics, ResourceMetrics, ScannerMetrics, Visit};
 use crate::scanner::ScannerEvent;
 use crate::tree::{DeviceGroup, Health};
 
@@ -91,6 +92,9 @@ struct State {
     writable_mounts: Vec<String>,
     scanners: BTreeMap<Arc<str>, ScannerEntry>,
     resources: BTreeMap<Arc<str>, ResourceEntry>,
+    /// Files whose last write failed, with the error: until a write of the same file succeeds
+    /// (or nothing wants it written any more).
+    disk: BTreeMap<(DiskFile, PathBuf), String>,
 }
 
 struct ScannerEntry {
@@ -296,6 +300,19 @@ impl Observability {
                 reasons.push(format!("scanner {name}: {reason}"));
             }
         }
+        for ((kind, path), error) in &state.disk {
+            let path = path.display();
+            reasons.push(match kind {
+                DiskFile::Cdi => format!(
+                    "CDI spec {path} not written: {error} (the previous one stays; its new or changed devices are served without a CDI name until it is)"
+                ),
+                DiskFile::Checkpoint => format!(
+                    "DRA checkpoint {path} not written: {error} (the previous one stays; claims are not prepared or unprepared until it is)"
+                ),
+                // Costs compile time at the next start, nothing else: not a readiness matter.
+                DiskFile::CompileCache => continue,
+            });
+        }
         for (name, r) in &state.resources {
             // A DRA driver's registration is the scanner's line above.
             if r.registered || r.dra {
@@ -383,6 +400,14 @@ impl Observability {
         self.state().writable_mounts = found.iter().flat_map(|(_, m)| m.clone()).collect();
     }
 
+    /// Where writes of `kind` files report to: [`DiskReport::wrote`].
+    pub fn disk(&self, kind: DiskFile) -> DiskReport {
+        DiskReport {
+            obs: self.clone(),
+            kind,
+        }
+    }
+
     /// `/metrics`, in the OpenMetrics text format.
     pub fn metrics_text(&self) -> String {
         self.inner.metrics.encode()
@@ -396,6 +421,80 @@ impl Observability {
     /// A config reload was refused; the old config keeps running.
     pub fn reload_failed(&self) {
         self.inner.metrics.reload_failed();
+    }
+}
+
+/// Where the writer of one kind of file reports how its writes went: into `/readyz`,
+/// `wdp_disk_write_failing` and `wdp_disk_write_failures_total`, and the log, once per change
+/// of a file's state (a disk that stays full is logged once, not at every retry). Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct DiskReport {
+    obs: Observability,
+    kind: DiskFile,
+}
+
+impl std::fmt::Debug for DiskReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskReport")
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiskReport {
+    /// A report no `/readyz` reads, for a writer nothing observes (tests, tools): it still
+    /// logs once per change.
+    pub fn detached(kind: DiskFile) -> Self {
+        Observability::new().disk(kind)
+    }
+
+    /// The write of `path` succeeded (`None`) or failed with `error`; the previous file stays
+    /// either way.
+    pub fn wrote(&self, path: &Path, error: Option<&dyn std::fmt::Display>) {
+        let kind = self.kind.as_str();
+        let mut state = self.obs.state();
+        let key = (self.kind, path.to_path_buf());
+        match error {
+            None => {
+                if state.disk.remove(&key).is_some() {
+                    tracing::info!(kind, path = %path.display(), "written again");
+                }
+            }
+            Some(error) => {
+                self.obs.inner.metrics.disk_write_failed(self.kind);
+                let error = error.to_string();
+                if state.disk.get(&key) != Some(&error) {
+                    if self.kind == DiskFile::CompileCache {
+                        // Costs compile time at the next start, nothing else.
+                        tracing::warn!(kind, path = %path.display(), %error, "cannot write; the previous file stays");
+                    } else {
+                        tracing::error!(kind, path = %path.display(), %error, "cannot write; the previous file stays");
+                    }
+                    state.disk.insert(key, error);
+                }
+            }
+        }
+        self.settle(&state);
+    }
+
+    /// Nothing wants `path` written any more (its device type went away, its scanner stopped):
+    /// whatever its last write did no longer matters.
+    pub fn forget(&self, path: &Path) {
+        let mut state = self.obs.state();
+        if state
+            .disk
+            .remove(&(self.kind, path.to_path_buf()))
+            .is_some()
+        {
+            tracing::info!(kind = self.kind.as_str(), path = %path.display(), "no longer written");
+        }
+        self.settle(&state);
+    }
+
+    fn settle(&self, state: &State) {
+        let failing = state.disk.keys().any(|(k, _)| *k == self.kind);
+        self.obs.inner.metrics.disk_failing(self.kind, failing);
     }
 }
 
@@ -497,6 +596,11 @@ impl ScannerHandle {
     /// The resources of the last tree that could not be served, with why; replaces the last list.
     pub fn unserved(&self, resources: BTreeMap<String, String>) {
         self.update(|s| s.unserved = resources);
+    }
+
+    /// Where the writes of this scanner's `kind` files report to.
+    pub fn disk(&self, kind: DiskFile) -> DiskReport {
+        self.obs.disk(kind)
     }
 
     /// Its DRA driver is usable by kubelet (`None`) or not, with why: what `/readyz` reports
@@ -724,6 +828,44 @@ mod tests {
             obs.readiness().unwrap_err(),
             ["resource ns/kvm: not registered with kubelet"]
         );
+    }
+
+    #[test]
+    fn a_failing_write_is_a_reason_and_a_gauge_until_it_succeeds() {
+        let obs = Observability::new();
+        obs.loaded();
+        let cdi = obs.disk(DiskFile::Cdi);
+        let cache = obs.disk(DiskFile::CompileCache);
+        let full = std::io::Error::from_raw_os_error(28);
+        let path = Path::new("/var/run/cdi/wdp-x-y.json");
+        cdi.wrote(path, Some(&full));
+        cdi.wrote(path, Some(&full));
+        cache.wrote(Path::new("/var/cache/wdp/a.cwasm"), Some(&full));
+        assert_eq!(
+            obs.readiness().unwrap_err(),
+            [
+                "CDI spec /var/run/cdi/wdp-x-y.json not written: No space left on device (os error 28) (the previous one stays; its new or changed devices are served without a CDI name until it is)"
+            ],
+            "the compile cache costs compile time only"
+        );
+        let text = obs.metrics_text();
+        for want in [
+            "wdp_disk_write_failing{kind=\"cdi\"} 1\n",
+            "wdp_disk_write_failing{kind=\"compile-cache\"} 1\n",
+            "wdp_disk_write_failing{kind=\"checkpoint\"} 0\n",
+            "wdp_disk_write_failures_total{kind=\"cdi\"} 2\n",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        cdi.wrote(path, None);
+        cache.forget(Path::new("/var/cache/wdp/a.cwasm"));
+        assert_eq!(obs.readiness(), Ok(()));
+        let text = obs.metrics_text();
+        assert!(
+            text.contains("wdp_disk_write_failing{kind=\"cdi\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("wdp_disk_write_failures_total{kind=\"cdi\"} 2\n"));
     }
 
     #[test]

@@ -117,6 +117,18 @@ impl Host {
         Self::launch(config, plugin_dir, f, &launch).expect("start wdp run")
     }
 
+    /// [`Host::start`] with `/metrics`, `/readyz` and `/status` on a free port, and the address
+    /// they are served on (from its log).
+    pub async fn start_with_metrics(
+        config: &Path,
+        plugin_dir: &Path,
+        f: &Fixture,
+    ) -> (Host, String) {
+        let host = Self::start_with(config, plugin_dir, f, &["--metrics-addr", "127.0.0.1:0"]);
+        let addr = host.metrics_addr().await;
+        (host, addr)
+    }
+
     /// Starts `wdp run --config <config>` over the fixture's roots as `launch` says, serving in
     /// `plugin_dir` and logging into a new file in the fixture.
     pub fn launch(

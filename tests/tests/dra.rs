@@ -422,11 +422,9 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     dp_kubelet.stop().await;
 }
 
-/// `wdp run --metrics-addr` on a free port, and the address it serves on (from its log).
+/// `wdp run --metrics-addr` on a free port, and the address it serves on.
 async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
-    let host = Host::start_with(config, plugins, f, &["--metrics-addr", "127.0.0.1:0"]);
-    let addr = host.metrics_addr().await;
-    (host, addr)
+    Host::start_with_metrics(config, plugins, f).await
 }
 
 /// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason,

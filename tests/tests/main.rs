@@ -23,6 +23,7 @@ mod catalogue;
 mod cdi_podman;
 mod contract_minor;
 mod deploy;
+mod disk_faults;
 mod dra;
 mod dra_catalogue;
 mod examples;

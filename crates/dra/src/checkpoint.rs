@@ -4,7 +4,9 @@
 //!
 //! The file is JSON, rewritten whole on every change through a temporary file in the same
 //! directory that is fsynced and renamed over the old one (and the directory fsynced), so a
-//! crash leaves either the old state or the new one, never a torn file.
+//! crash leaves either the old state or the new one, never a torn file. A write that fails (a
+//! full or read-only disk) leaves the old file as it was and removes its temporary file, which
+//! would otherwise keep the very space the disk lacks.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -172,11 +174,16 @@ impl Checkpoint {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "checkpoint".into());
         let tmp = dir.join(format!(".{name}.tmp"));
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, &self.path).map_err(io)?;
+        // One save at a time (the service holds the checkpoint's lock), so one temporary name
+        // does; removed when any step fails, or it would keep the space a full disk lacks.
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(&bytes)?;
+            f.sync_all()
+        });
+        if let Err(source) = written.and_then(|()| std::fs::rename(&tmp, &self.path)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(source));
+        }
         std::fs::File::open(&dir)
             .and_then(|d| d.sync_all())
             .map_err(io)?;
@@ -224,6 +231,50 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names, ["dra.json"]);
+    }
+
+    /// Unmounts the tmpfs at its path when dropped, also when the test fails.
+    struct Mounted(PathBuf);
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn a_full_disk_keeps_the_last_checkpoint_and_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs (tests run as root)");
+        let mounted = Mounted(dir.path().to_path_buf());
+        let path = mounted.0.join("dra.json");
+        let mut cp = Checkpoint::open(&path).unwrap();
+        cp.insert("uid-1".into(), claim("gpu-0"));
+        cp.save().unwrap();
+        let before = std::fs::read(&path).unwrap();
+
+        // Filled to the last byte.
+        let mut filler = std::fs::File::create(mounted.0.join("filler")).unwrap();
+        while filler.write(&[0u8; 512]).is_ok_and(|n| n > 0) {}
+        while filler.write(&[0u8]).is_ok_and(|n| n > 0) {}
+        for i in 0..200 {
+            cp.insert(format!("uid-{i}"), claim(&format!("gpu-{i}")));
+        }
+        let error = cp.save().unwrap_err();
+        assert!(error.to_string().contains("(os error 28)"), "{error}");
+        assert_eq!(std::fs::read(&path).unwrap(), before, "the last one, whole");
+        let mut names: Vec<_> = std::fs::read_dir(&mounted.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["dra.json", "filler"], "no temporary file left");
+        assert_eq!(Checkpoint::open(&path).unwrap().claims().len(), 1);
     }
 
     #[test]

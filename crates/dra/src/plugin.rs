@@ -12,8 +12,9 @@
 //! Prepare and Unprepare run one at a time: they read and write one checkpoint.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Mutex, watch};
@@ -22,7 +23,7 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use crate::apiserver::ClaimSource;
-use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedDevice};
+use crate::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedDevice};
 use crate::proto::{health_v1, health_v1alpha1};
 use crate::registration::Endpoints;
 use crate::seam::Inventory;
@@ -58,7 +59,14 @@ struct Inner<C> {
     /// Held for the whole of a Prepare or Unprepare: that is what serializes them.
     checkpoint: Mutex<Checkpoint>,
     health_refresh: Duration,
+    /// Told how each write of the checkpoint went, once set.
+    report: OnceLock<CheckpointReport>,
 }
+
+/// Told the outcome of each write of the checkpoint (its path, and the error when it failed):
+/// the host turns it into `/readyz`, metrics and one log line per change, rather than a line per
+/// refused claim while a disk stays full.
+pub type CheckpointReport = Box<dyn Fn(&Path, Option<&CheckpointError>) + Send + Sync>;
 
 /// The outcome of one claim's prepare: its devices or why not.
 pub type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
@@ -88,8 +96,29 @@ impl<C: ClaimSource> DraService<C> {
                 inventory,
                 checkpoint: Mutex::new(checkpoint),
                 health_refresh,
+                report: OnceLock::new(),
             }),
         }
+    }
+
+    /// Tells `report` how each write of the checkpoint goes, instead of logging each failed one.
+    /// Only the first report set is kept.
+    pub fn report_checkpoint_to(&self, report: CheckpointReport) {
+        let _ = self.inner.report.set(report);
+    }
+
+    /// Saves the checkpoint and reports how it went.
+    fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        let saved = checkpoint.save();
+        match self.inner.report.get() {
+            Some(report) => report(checkpoint.path(), saved.as_ref().err()),
+            None => {
+                if let Err(e) = &saved {
+                    tracing::error!(error = %e, "checkpoint not written");
+                }
+            }
+        }
+        saved
     }
 
     /// The gRPC services for the DRA socket: DRAPlugin v1 and v1beta1, and DRAResourceHealth
@@ -156,12 +185,11 @@ impl<C: ClaimSource> DraService<C> {
         if added.is_empty() {
             return out;
         }
-        match next.save() {
+        match self.save(&next) {
             Ok(()) => *checkpoint = next,
             Err(e) => {
                 // Nothing is prepared that is not durable: the kept checkpoint stays as it was,
                 // and kubelet retries.
-                tracing::error!(error = %e, "checkpoint not written; claims not prepared");
                 for uid in added {
                     out.insert(uid, Err(format!("checkpoint not written: {e}")));
                 }
@@ -211,6 +239,12 @@ impl<C: ClaimSource> DraService<C> {
                         result.pool, result.device
                     )
                 })?;
+            if let Some(why) = &device.unavailable {
+                return Err(format!(
+                    "device {}/{} of claim {who} cannot be prepared now: {why}",
+                    result.pool, result.device
+                ));
+            }
             let prepared = PreparedDevice {
                 request_names: vec![base_request(&result.request)],
                 pool: result.pool.clone(),
@@ -255,9 +289,8 @@ impl<C: ClaimSource> DraService<C> {
             out.insert(claim.uid, Ok(()));
         }
         if !removed.is_empty()
-            && let Err(e) = checkpoint.save()
+            && let Err(e) = self.save(&checkpoint)
         {
-            tracing::error!(error = %e, "checkpoint not written; claims not unprepared");
             *checkpoint = restore(&checkpoint, before);
             for uid in removed {
                 out.insert(uid, Err(format!("checkpoint not written: {e}")));
@@ -910,6 +943,37 @@ mod tests {
         let error = answer[&uid(&pod)].clone().unwrap_err();
         assert!(error.contains("checkpoint not written"), "{error}");
         assert!(service.prepared().await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_device_whose_cdi_spec_is_not_on_disk_fails_its_claim_until_it_is() {
+        let server = ApiServerStandIn::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut unwritten = inventory();
+        unwritten.pools[0].devices[0].unavailable =
+            Some("its CDI spec could not be written".into());
+        let (tx, rx) = watch::channel(unwritten);
+        let service = DraService::new(
+            DRIVER,
+            server.client(),
+            rx,
+            Checkpoint::open(dir.path().join("cp.json")).unwrap(),
+            Duration::from_secs(1),
+        );
+        let pod = server.insert_claim(claim("pod", &[("gpu", "gpu-0", false)]));
+        let error = service.prepare(vec![claim_ref(&pod)]).await[&uid(&pod)]
+            .clone()
+            .unwrap_err();
+        assert!(
+            error.contains("cannot be prepared now: its CDI spec could not be written"),
+            "{error}"
+        );
+        assert!(service.prepared().await.is_empty());
+        tx.send_replace(inventory());
+        let devices = service.prepare(vec![claim_ref(&pod)]).await[&uid(&pod)]
+            .clone()
+            .unwrap();
+        assert_eq!(devices[0].cdi_device_ids, ["example.com/gpu=gpu-0"]);
     }
 
     #[tokio::test]

@@ -60,6 +60,10 @@ pub struct Device {
     pub cdi_device_ids: Vec<String>,
     /// The device may be allocated to several claims at once (`allowMultipleAllocations`).
     pub allow_multiple_allocations: bool,
+    /// Why a claim holding the device cannot be prepared now (its CDI spec could not be
+    /// written): Prepare fails for that claim with this reason, and kubelet retries it. None
+    /// when it can.
+    pub unavailable: Option<String>,
 }
 
 impl Device {

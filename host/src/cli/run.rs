@@ -102,7 +102,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         dev: args.dev_root,
     };
     obs.writable_mounts(&crate::mounts::check(&roots));
-    let sandbox = Sandbox::with_compile_cache(roots, Some(CompileCache::new(args.compile_cache)))?;
+    let cache = CompileCache::new(args.compile_cache)
+        .report_to(obs.disk(crate::metrics::DiskFile::CompileCache));
+    let sandbox = Sandbox::with_compile_cache(roots, Some(cache))?;
     let kubelet_socket = args
         .kubelet_socket
         .unwrap_or_else(|| args.plugin_dir.join(KUBELET_SOCKET_NAME));

@@ -17,13 +17,20 @@
 //! or root can replace it).
 
 use std::hash::{Hash, Hasher};
-use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::Read;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
+
+use crate::atomic_file;
+use crate::metrics::DiskFile;
+use crate::status::DiskReport;
+
+/// The prefix of the cache's temporary files.
+const TEMP_PREFIX: &str = ".wdp-cwasm-";
 
 /// How a load went, for logs, metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +47,9 @@ pub enum CacheOutcome {
 #[derive(Debug, Clone)]
 pub struct CompileCache {
     dir: PathBuf,
+    /// Where failed writes go: a read-only or full disk costs compile time at the next start,
+    /// never correctness, and is logged once per entry, not at every load.
+    report: DiskReport,
 }
 
 /// Feeds `Hash` output into sha256, so the engine's compatibility hash is stable across runs.
@@ -62,7 +72,17 @@ fn hex(bytes: &[u8]) -> String {
 impl CompileCache {
     /// A cache in `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        CompileCache { dir: dir.into() }
+        CompileCache {
+            dir: dir.into(),
+            report: DiskReport::detached(DiskFile::CompileCache),
+        }
+    }
+
+    /// Reports its writes to `report` (`wdp_disk_write_failing{kind="compile-cache"}`) instead
+    /// of the log alone.
+    pub fn report_to(mut self, report: DiskReport) -> Self {
+        self.report = report;
+        self
     }
 
     /// The entry for `component` bytes under `engine`.
@@ -93,22 +113,30 @@ impl CompileCache {
             }
         }
         let component = Component::new(engine, bytes)?;
-        if let Err(e) = self.store(&path, &component.serialize()?) {
-            // A read-only or full disk costs speed, never correctness.
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the compiled-component cache");
+        // A read-only or full disk costs speed, never correctness: the component runs from
+        // memory, and is compiled again at the next start.
+        match self.store(&path, &component.serialize()?) {
+            Ok(()) => self.report.wrote(&path, None),
+            Err(e) => self.report.wrote(&path, Some(&e)),
         }
         Ok((component, outcome))
     }
 
     /// Writes the payload, then its checksum, each to a temporary name renamed into place: a
-    /// crash between the two leaves a mismatch, which is rebuilt.
+    /// crash between the two leaves a mismatch, which is rebuilt; a failed write leaves no
+    /// temporary file behind.
     fn store(&self, path: &Path, payload: &[u8]) -> std::io::Result<()> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        write_synced(path, payload)?;
-        write_synced(&sum_path(path), hex(&Sha256::digest(payload)).as_bytes())
+        atomic_file::write(path, payload, 0o600, TEMP_PREFIX)?;
+        atomic_file::write(
+            &sum_path(path),
+            hex(&Sha256::digest(payload)).as_bytes(),
+            0o600,
+            TEMP_PREFIX,
+        )
     }
 }
 
@@ -139,19 +167,6 @@ fn open_entry(engine: &Engine, path: &Path) -> Result<Component, String> {
     // version or configuration. It is not modified while mapped: entries are only ever replaced
     // by rename, which leaves the mapped file intact.
     unsafe { Component::deserialize_file(engine, path) }.map_err(|e| format!("{e}"))
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

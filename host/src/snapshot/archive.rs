@@ -75,6 +75,9 @@ pub fn write(
     let tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
     let mut tmp = write_to(tmp, manifest, component, rec, mtime).map_err(io)?;
     tmp.flush().map_err(io)?;
+    // On disk before it replaces a case of the same name: a crash or a full disk never leaves
+    // a torn archive under that name (a failed write removes the temporary file).
+    tmp.as_file().sync_all().map_err(io)?;
     // A case to attach to a bug report: readable like any file the user writes (a temporary file
     // starts private).
     use std::os::unix::fs::PermissionsExt;
