@@ -12,6 +12,28 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Where a writer of files reports how each write of a file went: the host's status implements
+/// it (`/readyz`, the disk metrics, one log line per change of state). A trait so that a writer
+/// below the status module (the compile cache, in the sandbox) reports to it without importing
+/// it: data flows one way.
+pub trait WriteReport: std::fmt::Debug + Send + Sync {
+    /// The write of `path` succeeded (`None`) or failed with `error`; the previous file stays
+    /// either way.
+    fn wrote(&self, path: &Path, error: Option<&dyn std::fmt::Display>);
+}
+
+/// A report to the log alone, for a writer nothing observes (tests, tools).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogWrites;
+
+impl WriteReport for LogWrites {
+    fn wrote(&self, path: &Path, error: Option<&dyn std::fmt::Display>) {
+        if let Some(error) = error {
+            tracing::warn!(path = %path.display(), %error, "cannot write; the previous file stays");
+        }
+    }
+}
+
 /// Tells apart the temporary files of concurrent writes in one process.
 static NEXT: AtomicU64 = AtomicU64::new(0);
 

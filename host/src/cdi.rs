@@ -29,6 +29,7 @@ use serde::Serialize;
 
 pub use self::ownership::SpecOwnership;
 
+use crate::atomic_file::WriteReport;
 use crate::cdi_version::{self as version, CdiVersion};
 use crate::metrics::DiskFile;
 use crate::status::DiskReport;

@@ -27,6 +27,7 @@ use wdp_dra::plugin::DraService;
 use wdp_dra::registration::{Endpoints, Registrar, RegistrationState, RegistrationStatusHandle};
 use wdp_dra::seam::{AttributeValue, Device, Inventory, Pool};
 
+use crate::atomic_file::WriteReport;
 use crate::config::{ApiServer, DraConfig};
 use crate::hostfs::sys::{SysDir, SysReads};
 use crate::hostfs::{DevFs, NodeKind};

@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use wdp_kubelet::server::ServerReport;
 
+use crate::atomic_file::WriteReport;
 use crate::metrics::{DiskFile, Live, Metrics, ResourceMetrics, ScannerMetrics, Visit};
 use crate::scanner::ScannerEvent;
 use crate::tree::{DeviceGroup, Health};
@@ -449,9 +450,28 @@ impl DiskReport {
         Observability::new().disk(kind)
     }
 
-    /// The write of `path` succeeded (`None`) or failed with `error`; the previous file stays
-    /// either way.
-    pub fn wrote(&self, path: &Path, error: Option<&dyn std::fmt::Display>) {
+    /// Nothing wants `path` written any more (its device type went away, its scanner stopped):
+    /// whatever its last write did no longer matters.
+    pub fn forget(&self, path: &Path) {
+        let mut state = self.obs.state();
+        if state
+            .disk
+            .remove(&(self.kind, path.to_path_buf()))
+            .is_some()
+        {
+            tracing::info!(kind = self.kind.as_str(), path = %path.display(), "no longer written");
+        }
+        self.settle(&state);
+    }
+
+    fn settle(&self, state: &State) {
+        let failing = state.disk.keys().any(|(k, _)| *k == self.kind);
+        self.obs.inner.metrics.disk_failing(self.kind, failing);
+    }
+}
+
+impl WriteReport for DiskReport {
+    fn wrote(&self, path: &Path, error: Option<&dyn std::fmt::Display>) {
         let kind = self.kind.as_str();
         let mut state = self.obs.state();
         let key = (self.kind, path.to_path_buf());
@@ -476,25 +496,6 @@ impl DiskReport {
             }
         }
         self.settle(&state);
-    }
-
-    /// Nothing wants `path` written any more (its device type went away, its scanner stopped):
-    /// whatever its last write did no longer matters.
-    pub fn forget(&self, path: &Path) {
-        let mut state = self.obs.state();
-        if state
-            .disk
-            .remove(&(self.kind, path.to_path_buf()))
-            .is_some()
-        {
-            tracing::info!(kind = self.kind.as_str(), path = %path.display(), "no longer written");
-        }
-        self.settle(&state);
-    }
-
-    fn settle(&self, state: &State) {
-        let failing = state.disk.keys().any(|(k, _)| *k == self.kind);
-        self.obs.inner.metrics.disk_failing(self.kind, failing);
     }
 }
 

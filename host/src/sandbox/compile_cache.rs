@@ -20,14 +20,13 @@ use std::hash::{Hash, Hasher};
 use std::io::Read;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
-use crate::atomic_file;
-use crate::metrics::DiskFile;
-use crate::status::DiskReport;
+use crate::atomic_file::{self, LogWrites, WriteReport};
 
 /// The prefix of the cache's temporary files.
 const TEMP_PREFIX: &str = ".wdp-cwasm-";
@@ -49,7 +48,7 @@ pub struct CompileCache {
     dir: PathBuf,
     /// Where failed writes go: a read-only or full disk costs compile time at the next start,
     /// never correctness, and is logged once per entry, not at every load.
-    report: DiskReport,
+    report: Arc<dyn WriteReport>,
 }
 
 /// Feeds `Hash` output into sha256, so the engine's compatibility hash is stable across runs.
@@ -74,14 +73,14 @@ impl CompileCache {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         CompileCache {
             dir: dir.into(),
-            report: DiskReport::detached(DiskFile::CompileCache),
+            report: Arc::new(LogWrites),
         }
     }
 
     /// Reports its writes to `report` (`wdp_disk_write_failing{kind="compile-cache"}`) instead
     /// of the log alone.
-    pub fn report_to(mut self, report: DiskReport) -> Self {
-        self.report = report;
+    pub fn report_to(mut self, report: impl WriteReport + 'static) -> Self {
+        self.report = Arc::new(report);
         self
     }
 
