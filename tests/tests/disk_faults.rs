@@ -16,8 +16,10 @@ use wdp_tests::host::{Host, Seen};
 use wdp_tests::http::http_get;
 use wdp_tests::{eventually, eventually_showing, guest, resolve_cdi};
 
-const NAMESPACE: &str = "devices.example.com";
-const NODE: &str = "node-1";
+use crate::dra::{KubeletDirs, NODE, kvm_config};
+
+/// The scanners' namespace: in DRA mode, the driver's name too (the DRA module's driver).
+const NAMESPACE: &str = crate::dra::DRIVER;
 
 /// A tmpfs of 64 KiB on `dir` (made if missing), unmounted when dropped.
 fn small_disk(dir: &Path, options: &str) -> Tmpfs {
@@ -51,11 +53,6 @@ fn names(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// `wdp run --metrics-addr` on a free port, and the address it serves on.
-async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
-    Host::start_with_metrics(config, plugins, f).await
 }
 
 /// The value of the sample `series` (name and labels, as `/metrics` prints them).
@@ -136,7 +133,7 @@ async fn cdi_specs_survive_a_full_and_a_read_only_disk() {
     let (kubelet, seen) = StandIn::start(&plugins).unwrap();
     let mut seen = Seen::new(seen);
     let kvm = format!("{NAMESPACE}/kvm");
-    let (host, _) = with_metrics(&f, &config, &plugins).await;
+    let (host, _) = Host::start_with_metrics(&config, &plugins, &f).await;
     seen.devices(&kvm, &["kvm-0"]).await;
     let kvm_spec = cdi.join(format!("wdp-{NAMESPACE}-kvm.json"));
     let kvm_name = format!("{NAMESPACE}/kvm=kvm-0");
@@ -150,7 +147,7 @@ async fn cdi_specs_survive_a_full_and_a_read_only_disk() {
     // wdp restarts onto a full disk: the spec kubelet already handed out stays, and so does its
     // name (the spec on disk is the one it would write).
     let filler = fill(&cdi);
-    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    let (host, addr) = Host::start_with_metrics(&config, &plugins, &f).await;
     seen.until("kvm registered again", |s| s.registrations(&kvm) >= 2)
         .await;
     readyz(&addr, 200, "ready").await;
@@ -242,36 +239,15 @@ async fn cdi_specs_survive_a_full_and_a_read_only_disk() {
 async fn a_claim_is_refused_when_its_checkpoint_cannot_be_written() {
     let f = Fixture::new();
     f.char_dev("kvm", 10, 232);
-    let plugins = f.path().join("kubelet/plugins");
-    let registry = f.path().join("kubelet/plugins_registry");
-    std::fs::create_dir_all(&registry).unwrap();
-    let driver_dir = plugins.join(NAMESPACE);
+    let dirs = KubeletDirs::new(&f);
+    let driver_dir = dirs.plugins.join(NAMESPACE);
     let _disk = small_disk(&driver_dir, "rw");
     let api = ApiServerStandIn::start()
         .await
         .expect("the API server stand-in");
-    let config = f.write_config(&format!(
-        "scanners:
-  - name: kvm
-    component: {guest}
-    namespace: {NAMESPACE}
-    env: {{ SLOTS: 2, RESCAN_INTERVAL_MS: 600000 }}
-    cdi: {{ dir: {cdi} }}
-    frontend: dra
-node:
-  name: {NODE}
-  plugins-dir: {plugins}
-  plugins-registry-dir: {registry}
-  api-server: http://{addr}
-",
-        guest = guest("kvm").display(),
-        cdi = f.path().join("cdi").display(),
-        plugins = plugins.display(),
-        registry = registry.display(),
-        addr = api.addr(),
-    ));
-    let kubelet = KubeletStandIn::start(&registry, &api, NODE);
-    let (host, addr) = with_metrics(&f, &config, &f.plugin_dir()).await;
+    let config = kvm_config(&f, &dirs, &api, "SLOTS: 2, RESCAN_INTERVAL_MS: 600000", "");
+    let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
+    let (host, addr) = Host::start_with_metrics(&config, &f.plugin_dir(), &f).await;
     kubelet
         .registered(NAMESPACE, Duration::from_secs(20))
         .await
@@ -389,7 +365,7 @@ async fn a_read_only_compile_cache_only_costs_compile_time() {
     let plugins = f.plugin_dir();
     let (kubelet, seen) = StandIn::start(&plugins).unwrap();
     let mut seen = Seen::new(seen);
-    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    let (host, addr) = Host::start_with_metrics(&config, &plugins, &f).await;
     seen.devices(&format!("{NAMESPACE}/kvm"), &["kvm-0"]).await;
     readyz(&addr, 200, "ready").await;
     metric_is(&addr, "wdp_disk_write_failing{kind=\"compile-cache\"}", 1.0).await;

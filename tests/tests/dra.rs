@@ -422,11 +422,6 @@ async fn a_dra_scanner_is_published_prepared_and_survives_restarts() {
     dp_kubelet.stop().await;
 }
 
-/// `wdp run --metrics-addr` on a free port, and the address it serves on.
-async fn with_metrics(f: &Fixture, config: &Path, plugins: &Path) -> (Host, String) {
-    Host::start_with_metrics(config, plugins, f).await
-}
-
 /// kubelet refusing the driver's registration keeps the host not ready, with kubelet's reason,
 /// and nothing is published (kubelet would neither prepare the devices nor delete the slices);
 /// a kubelet that registers the driver gets its slices, and one that refuses it after has them
@@ -495,7 +490,7 @@ async fn a_driver_kubelet_never_calls_is_warned_about_and_publishes_nothing() {
     let (dp_kubelet, observed) =
         wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
     let mut seen = Seen::new(observed);
-    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    let (host, addr) = Host::start_with_metrics(&config, &plugins, &f).await;
     seen.devices("net.example.com/kvm", &["kvm-0"]).await;
     let socket = dirs.registry.join(format!("{DRIVER}-reg.sock"));
     let reason = format!(
@@ -555,7 +550,7 @@ async fn not_ready_for(
     let (dp_kubelet, observed) =
         wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
     let mut seen = Seen::new(observed);
-    let (host, addr) = with_metrics(f, config, &plugins).await;
+    let (host, addr) = Host::start_with_metrics(config, &plugins, f).await;
     seen.devices("net.example.com/kvm", &["kvm-0"]).await;
     let body = eventually_showing(&format!("/readyz with {reason:?}"), || async {
         let (code, body) = http_get(&addr, "/readyz")
@@ -1164,7 +1159,7 @@ async fn status_and_metrics_count_the_devices_the_slices_hold() {
     let (dp_kubelet, observed) =
         wdp_kubelet::standin::StandIn::start(&plugins).expect("the device-plugin stand-in");
     let mut seen = Seen::new(observed);
-    let (host, addr) = with_metrics(&f, &config, &plugins).await;
+    let (host, addr) = Host::start_with_metrics(&config, &plugins, &f).await;
     let kubelet = KubeletStandIn::start(&dirs.registry, &api, NODE);
     kubelet
         .registered(DRIVER, Duration::from_secs(20))
