@@ -69,8 +69,10 @@ done
 echo
 echo "== what wdp serves (wdp status --addr $addr) =="
 echo "${status:-wdp did not answer /status}"
+serving="until Ctrl-C"
+[[ -z ${DEMO_DURATION:-} ]] || serving="for $DEMO_DURATION more"
 echo "== above, the stand-in's lines: each resource registered, its devices, one allocated; serving" \
-    "${DEMO_DURATION:+for $DEMO_DURATION more}${DEMO_DURATION:-until Ctrl-C} =="
+    "$serving =="
 echo
 
 if [[ -z $interrupted && -n ${DEMO_DURATION:-} ]]; then

@@ -7,8 +7,10 @@
 //!   and the key fingerprint its signature was verified with, if any).
 //!
 //! Nothing read back is trusted blindly: a blob is re-hashed and must match its name.
-//! Writes go to a temp file renamed into place, so a crash never leaves a torn entry.
+//! Writes go to a temporary file flushed and renamed into place, so a crash never leaves a torn
+//! entry.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -123,15 +125,100 @@ impl Cache {
     }
 }
 
+/// Replaces `path` with `bytes`, or leaves what was there: the bytes go to a temporary file in
+/// the same directory (named `.wdp-oci-*`, removed on every failure), flushed to disk before the
+/// rename, and the directory after it, so a crash or a full disk never leaves a torn entry.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OciError> {
     let err = |error| OciError::Cache {
         path: path.to_path_buf(),
         error,
     };
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(err)?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".wdp-oci-")
+        .tempfile_in(dir)
+        .map_err(err)?;
+    tmp.write_all(bytes).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pulled(bytes: &[u8]) -> Pulled {
+        let layer_digest = sha256_digest(bytes);
+        Pulled {
+            manifest_digest: format!("sha256:{}", "0".repeat(64)),
+            layer_digest: layer_digest.clone(),
+            bytes: bytes.to_vec(),
+            config: WasmConfig {
+                created: "2026-12-07T00:00:00Z".into(),
+                author: None,
+                architecture: "wasm".into(),
+                os: "wasip2".into(),
+                layer_digests: vec![layer_digest],
+            },
+        }
     }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+
+    /// Every name under `dir`, recursively.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+            if entry.path().is_dir() {
+                out.extend(names(&entry.path()));
+            }
+        }
+        out
+    }
+
+    const REFERENCE: &str = "oci://registry.example/scanners/pci:1";
+
+    #[test]
+    fn a_stored_component_is_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::new(dir.path());
+        let first = pulled(b"first component");
+        let path = cache.store(REFERENCE, &first, None).unwrap();
+        let found = cache.lookup(REFERENCE).unwrap();
+        assert_eq!(found.path, path);
+        assert_eq!(found.entry.layer_digest, first.layer_digest);
+        assert_eq!(found.config.layer_digests, first.config.layer_digests);
+        assert!(!names(dir.path()).iter().any(|n| n.starts_with(".wdp-oci-")));
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_previous_entry_and_removes_its_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::new(dir.path());
+        let first = pulled(b"first component");
+        cache.store(REFERENCE, &first, None).unwrap();
+        // The second component's config cannot be renamed into place: a non-empty directory
+        // holds its name.
+        let second = pulled(b"second component");
+        let blocked = cache.config_path(&second.layer_digest);
+        std::fs::create_dir_all(blocked.join("occupied")).unwrap();
+        let error = cache.store(REFERENCE, &second, None).unwrap_err();
+        assert!(
+            error.to_string().contains(&blocked.display().to_string()),
+            "{error}"
+        );
+        let found = cache.lookup(REFERENCE).unwrap();
+        assert_eq!(found.entry.layer_digest, first.layer_digest);
+        let left: Vec<_> = names(dir.path())
+            .into_iter()
+            .filter(|n| n.starts_with(".wdp-oci-") || n.contains(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
 }
