@@ -6,7 +6,7 @@
 #   scripts/image.sh [--binary PATH] [--tag NAME]...
 #
 # --binary  the wdp binary to ship (default target/release/wdp, what `make image` builds; the
-#           image test passes the test build's target/debug/wdp); its debug info is stripped
+#           image test passes the test build's target/debug/wdp); stripped of debug info and symbols
 # --tag     the image's names (default localhost/wdp:VERSION: a version tag only, never moved)
 #
 # Staged: the binary at /usr/bin/wdp; the shared libraries `ldd` lists for it (glibc's libc,
@@ -51,9 +51,10 @@ fi
 rm -rf "$context"
 mkdir -p "$context/lib" "$context/etc/ssl/certs" "$context/scanners"
 
-# The binary, without debug info (the release profile strips it already; a dev build keeps
-# line tables worth two thirds of its size).
-strip --strip-debug -o "$context/wdp" "$binary"
+# The binary, without debug info or symbols (the release profile strips both already; a dev build
+# keeps line tables worth two thirds of its size). A panic's backtrace then names no function,
+# which only a developer's build needs.
+strip --strip-all -o "$context/wdp" "$binary"
 
 # Every library the binary links, and the loader: `ldd` prints "name => /path (addr)" for
 # libraries and "/path (addr)" for the loader; linux-vdso has no file.

@@ -150,7 +150,10 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
             mib(m.binary / 1024),
             "-".into(),
             None,
-            &format!("the `perf` build{}", vs(m.binary, peer.binary)),
+            &format!(
+                "the `perf` build stripped as shipped (`strip --strip-all`){}",
+                vs(m.binary, peer.binary)
+            ),
         ));
     }
     report.details.push((
@@ -246,15 +249,33 @@ async fn measure(
     }
     plugin.stop().await?;
     expect_quiet(obs, &[resource.to_string()]).await;
-    let binary = std::fs::metadata(binary)
-        .with_context(|| format!("size of {}", binary.display()))?
-        .len();
+    let binary = stripped_size(binary).await?;
     Ok(Measured {
         registered,
         allocate,
         idle,
         binary,
     })
+}
+
+/// The size of `binary` as shipped: a copy stripped of debug info and symbols (`strip
+/// --strip-all`, what the release profile's `strip = "symbols"` and the image do), so that the
+/// `perf` builds, which keep symbols for profiling, compare as the binaries a node holds.
+async fn stripped_size(binary: &Path) -> Result<u64> {
+    let dir = tempfile::tempdir()?;
+    let copy = dir.path().join("stripped");
+    let status = Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&copy)
+        .arg(binary)
+        .status()
+        .await
+        .with_context(|| format!("strip --strip-all {} (binutils)", binary.display()))?;
+    ensure!(status.success(), "strip --strip-all {}: {status}", binary.display());
+    Ok(std::fs::metadata(&copy)
+        .with_context(|| format!("size of {}", copy.display()))?
+        .len())
 }
 
 /// Starts the peer serving `devices` to the stand-in in `plugin_dir`, logging into `log`.

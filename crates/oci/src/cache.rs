@@ -166,6 +166,7 @@ mod tests {
                 architecture: "wasm".into(),
                 os: "wasip2".into(),
                 layer_digests: vec![layer_digest],
+                component: None,
             },
         }
     }

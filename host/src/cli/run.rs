@@ -105,6 +105,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cache = CompileCache::new(args.compile_cache)
         .report_to(obs.disk(crate::metrics::DiskFile::CompileCache));
     let sandbox = Sandbox::with_compile_cache(roots, Some(cache))?;
+    // Lives as long as the runtime: what each round of safety rescans maps again goes back.
+    tokio::spawn(resident::after_rescans(sandbox.rescans()));
     let kubelet_socket = args
         .kubelet_socket
         .unwrap_or_else(|| args.plugin_dir.join(KUBELET_SOCKET_NAME));

@@ -16,6 +16,7 @@ mod limits;
 mod open_guard;
 pub mod output;
 mod recording;
+pub mod rescans;
 mod sink;
 mod state;
 pub mod uevent;
@@ -208,6 +209,7 @@ pub enum SandboxError {
 pub struct Sandbox {
     engine: Engine,
     clock: Arc<Clock>,
+    rescans: Arc<rescans::Rescans>,
     compile_cache: Option<compile_cache::CompileCache>,
     linker: Linker<GuestState>,
     roots: Roots,
@@ -285,6 +287,7 @@ impl Sandbox {
         Ok(Arc::new(Sandbox {
             engine,
             clock,
+            rescans: Arc::default(),
             compile_cache: cache,
             linker,
             roots,
@@ -293,6 +296,11 @@ impl Sandbox {
             sys_view: Arc::new(sys_view),
             changes,
         }))
+    }
+
+    /// The safety rescans of every scanner this sandbox runs, as they start.
+    pub fn rescans(&self) -> Arc<rescans::Rescans> {
+        self.rescans.clone()
     }
 
     /// The roots guests see.
@@ -417,6 +425,7 @@ impl Sandbox {
             cpu: CpuBudget::new(guest.limits.call_timeout),
             stderr,
             clock: self.clock.clone(),
+            rescans: self.rescans.clone(),
             _running: self.clock.running(),
         };
         let mut store = Store::new(&self.engine, state);

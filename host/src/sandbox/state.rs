@@ -125,6 +125,8 @@ pub struct GuestState {
     pub(crate) stderr: super::output::GuestOutput,
     /// Released while the guest waits in one of our imports, so an idle host stops ticking.
     pub(crate) clock: Arc<super::Clock>,
+    /// Told when a wait ends at its timeout: a safety rescan follows.
+    pub(crate) rescans: Arc<super::rescans::Rescans>,
     /// Counts this instance as running for as long as its store lives: CPU limits hold only
     /// while the clock ticks, and a store is what a guest runs in, so no caller can run a
     /// guest without it.
@@ -363,6 +365,9 @@ impl devfs::Host for GuestState {
             }
             Err(_) => false,
         };
+        if !changed {
+            self.rescans.started();
+        }
         self.changes.borrow_and_update();
         self.guest.metrics.woke();
         self.cpu.check_in();
