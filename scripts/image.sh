@@ -13,7 +13,10 @@
 # libm, the loader, libgcc_s), each at the path ldd prints, which is where the binary's loader
 # and its default search path find them; Debian's CA bundle at /etc/ssl/certs/ca-certificates.crt
 # (the first file rustls-native-certs' probe looks for, for oci:// pulls); the twelve bundled Rust
-# scanners at /usr/lib/wdp/scanners/<name>.wasm (built by `make rust-guests`).
+# scanners at /usr/lib/wdp/scanners/<name>.wasm (built by `make rust-guests`), and those scanners
+# compiled by the staged binary itself (`wdp precompile`) at /usr/lib/wdp/compiled, which
+# `wdp run` loads before compiling: compiled for this machine's CPU features, so a node whose CPU
+# lacks one of them misses and compiles as it would without them.
 # Podman and buildah honour CONTAINERS_CONF and CONTAINERS_STORAGE_CONF (the test keeps its
 # images in a storage of its own that way).
 set -eu
@@ -73,6 +76,14 @@ for name in $scanners; do
     [ -f "$guests/$name.wasm" ] || die "$guests/$name.wasm is missing (make rust-guests builds it)"
     cp "$guests/$name.wasm" "$context/scanners/"
 done
+
+# The staged scanners compiled by the staged binary, with `wdp run`'s engine settings: the files
+# the image's scanners are, so their entries are the ones `wdp run` looks for. Logs at warn only:
+# the entries' paths (stdout) are noise here.
+set --
+for name in $scanners; do set -- "$@" "$context/scanners/$name.wasm"; done
+RUST_LOG=warn "$context/wdp" precompile --out "$context/compiled" "$@" >/dev/null ||
+    die "wdp precompile failed"
 
 set --
 for tag in $tags; do set -- "$@" --tag "$tag"; done

@@ -904,6 +904,11 @@ fn the_image_installs_what_the_manifests_and_the_book_name() {
         installed.get("scanners/").map(String::as_str),
         Some(IMAGE_SCANNERS)
     );
+    // The bundled scanners precompiled, where `wdp run --precompiled` looks by default.
+    assert_eq!(
+        installed.get("compiled/").map(String::as_str),
+        Some("/usr/lib/wdp/compiled/")
+    );
 
     // The scanners staged are the bundled ones.
     let staged: BTreeSet<String> = script

@@ -35,6 +35,7 @@ mod languages;
 mod node;
 mod observability;
 mod oci;
+mod precompiled;
 mod proto;
 mod release;
 mod reload;

@@ -3,6 +3,7 @@
 mod kubelet;
 mod new;
 mod oci;
+mod precompile;
 mod run;
 mod scan;
 mod snapshot;
@@ -41,6 +42,7 @@ enum Command {
     Scan(scan::ScanArgs),
     Snapshot(snapshot::SnapshotArgs),
     Run(run::RunArgs),
+    Precompile(precompile::PrecompileArgs),
     Kubelet(kubelet::KubeletArgs),
     New(new::NewArgs),
     Status(status::StatusArgs),
@@ -73,6 +75,7 @@ pub fn main() -> ExitCode {
             Command::Scan(args) => scan::run(args).await,
             Command::Snapshot(args) => snapshot::run(args).await,
             Command::Run(args) => run::run(args).await,
+            Command::Precompile(args) => precompile::run(args).await,
             Command::Kubelet(args) => kubelet::run(args).await,
             Command::New(args) => new::run(args).await,
             Command::Status(args) => status::run(args).await,

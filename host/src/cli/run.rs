@@ -66,6 +66,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR", default_value = "/var/lib/wdp/compiled")]
     compile_cache: PathBuf,
 
+    /// Compiled components to load before the compile cache, never written: what `wdp
+    /// precompile` wrote into the image. An absent directory, or one compiled by another wdp or
+    /// for other CPU features, only means compiling as without it.
+    #[arg(long, value_name = "DIR", default_value = "/usr/lib/wdp/compiled")]
+    precompiled: PathBuf,
+
     /// Serve /metrics (Prometheus, OpenMetrics text), /healthz, /readyz and /status (JSON) over
     /// HTTP on this address, e.g. 0.0.0.0:9464 [default: not served].
     #[arg(long, value_name = "ADDR", env = "WDP_METRICS_ADDR")]
@@ -103,6 +109,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     obs.writable_mounts(&crate::mounts::check(&roots));
     let cache = CompileCache::new(args.compile_cache)
+        .with_precompiled(args.precompiled)
         .report_to(obs.disk(crate::metrics::DiskFile::CompileCache));
     let sandbox = Sandbox::with_compile_cache(roots, Some(cache))?;
     // Lives as long as the runtime: what each round of safety rescans maps again goes back.

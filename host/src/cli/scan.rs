@@ -96,6 +96,11 @@ pub struct GuestArgs {
     #[arg(long, value_name = "DIR")]
     pub compile_cache: Option<PathBuf>,
 
+    /// With --compile-cache: compiled components to load before it, never written (what `wdp
+    /// precompile` wrote into the image), as `wdp run` does.
+    #[arg(long, value_name = "DIR", default_value = "/usr/lib/wdp/compiled")]
+    pub precompiled: PathBuf,
+
     /// Longest the guest may compute without calling the host [default: 5s; with a config or a
     /// snapshot, the scanner's recorded limit].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -113,6 +118,13 @@ impl GuestArgs {
                 .unwrap_or_else(|| "scanner".into())
                 .into(),
         }
+    }
+
+    /// The compile cache of --compile-cache, reading --precompiled first; none without it.
+    pub fn compile_cache(&self) -> Option<CompileCache> {
+        self.compile_cache
+            .clone()
+            .map(|dir| CompileCache::new(dir).with_precompiled(self.precompiled.clone()))
     }
 
     /// `base` with the limits given on the command line.
@@ -176,7 +188,7 @@ pub async fn run(args: ScanArgs) -> anyhow::Result<ExitCode> {
             sys: g.sys_root.clone(),
             dev: g.dev_root.clone(),
         },
-        g.compile_cache.clone().map(CompileCache::new),
+        g.compile_cache(),
     )?;
     let pre = sandbox.load(component).await?.scanner()?;
     let (spec, policy) = g.spec(
@@ -351,7 +363,7 @@ async fn replay(args: &ScanArgs, path: &Path) -> anyhow::Result<ExitCode> {
     let sandbox = Sandbox::with_options(
         Roots { sys, dev },
         SandboxOptions {
-            compile_cache: g.compile_cache.clone().map(CompileCache::new),
+            compile_cache: g.compile_cache(),
             devfs: Some(devfs),
             recorder: None,
         },

@@ -13,7 +13,6 @@ use super::scan::{GuestArgs, first_tree, sha256_hex};
 use crate::config::{self, ComponentSource};
 use crate::hostfs::record::Recorder;
 use crate::policy::Policy;
-use crate::sandbox::compile_cache::CompileCache;
 use crate::sandbox::{Guest, GuestLimits, Roots, Sandbox, SandboxOptions};
 use crate::scanner::Scanner;
 use crate::snapshot::manifest::{FORMAT, Manifest};
@@ -110,7 +109,7 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
             dev: g.dev_root.clone(),
         },
         SandboxOptions {
-            compile_cache: g.compile_cache.clone().map(CompileCache::new),
+            compile_cache: g.compile_cache(),
             devfs: None,
             recorder: Some(recorder.clone()),
         },

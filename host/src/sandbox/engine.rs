@@ -89,18 +89,25 @@ impl Clock {
     }
 }
 
-/// Builds the engine and starts its epoch ticker, driven by the returned [`Clock`].
-///
-/// The ticker holds only a weak reference to the engine, so it ends on its own once the engine
-/// is dropped.
-pub fn new_engine() -> wasmtime::Result<(Engine, Arc<Clock>)> {
+/// The engine every sandbox runs on, without its ticker: the one place its configuration is
+/// set, so that what `wdp precompile` compiles with it matches the compile cache's key (the
+/// engine's compatibility hash) under `wdp run`.
+pub fn compile_engine() -> wasmtime::Result<Engine> {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
         .epoch_interruption(true)
         .max_wasm_stack(MAX_WASM_STACK)
         .cranelift_opt_level(OptLevel::Speed);
-    let engine = Engine::new(&config)?;
+    Engine::new(&config)
+}
+
+/// Builds the engine and starts its epoch ticker, driven by the returned [`Clock`].
+///
+/// The ticker holds only a weak reference to the engine, so it ends on its own once the engine
+/// is dropped.
+pub fn new_engine() -> wasmtime::Result<(Engine, Arc<Clock>)> {
+    let engine = compile_engine()?;
     let clock = Arc::new(Clock::default());
     let weak = engine.weak();
     let ticker = clock.clone();

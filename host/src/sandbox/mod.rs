@@ -205,6 +205,40 @@ pub enum SandboxError {
     Engine(wasmtime::Error),
 }
 
+/// Refuses what is not a component this host can run, saying what it is instead, before
+/// anything compiles it: `wdp run` and `wdp precompile` refuse the same files with the same
+/// words.
+pub fn check_component(path: &Path, bytes: &[u8]) -> Result<(), SandboxError> {
+    // wasmtime's own message for these is the parser's, with the expected header dumped byte by
+    // byte: say what the file is instead.
+    if !wasmparser::Parser::is_component(bytes) {
+        let path = path.to_path_buf();
+        return Err(if wasmparser::Parser::is_core_wasm(bytes) {
+            SandboxError::CoreModule { path }
+        } else {
+            SandboxError::NotWasm { path }
+        });
+    }
+    // A contract version this host does not speak is named here, before a compile that would
+    // only end in a bare "import not found".
+    if let Ok(world) = wdp_oci::artifact::ComponentWorld::of(bytes) {
+        let names = world.imports.iter().chain(&world.exports);
+        wdp_oci::contract::check(names.map(String::as_str)).map_err(|error| {
+            SandboxError::Contract {
+                path: path.to_path_buf(),
+                error,
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// An engine configured exactly as every sandbox's, for compiling only (no epoch ticker): what
+/// `wdp precompile` writes is then named and accepted as the compile cache of `wdp run` expects.
+pub fn compile_engine() -> Result<Engine, SandboxError> {
+    engine::compile_engine().map_err(SandboxError::Engine)
+}
+
 /// The engine, the linker and the host resources all guests share.
 pub struct Sandbox {
     engine: Engine,
@@ -333,27 +367,7 @@ impl Sandbox {
                 path: path.to_path_buf(),
                 error,
             })?;
-        // wasmtime's own message for these is the parser's, with the expected header dumped
-        // byte by byte: say what the file is instead.
-        if !wasmparser::Parser::is_component(&bytes) {
-            let path = path.to_path_buf();
-            return Err(if wasmparser::Parser::is_core_wasm(&bytes) {
-                SandboxError::CoreModule { path }
-            } else {
-                SandboxError::NotWasm { path }
-            });
-        }
-        // A contract version this host does not speak is named here, before a compile that would
-        // only end in a bare "import not found".
-        if let Ok(world) = wdp_oci::artifact::ComponentWorld::of(&bytes) {
-            let names = world.imports.iter().chain(&world.exports);
-            wdp_oci::contract::check(names.map(String::as_str)).map_err(|error| {
-                SandboxError::Contract {
-                    path: path.to_path_buf(),
-                    error,
-                }
-            })?;
-        }
+        check_component(path, &bytes)?;
         let engine = self.engine.clone();
         let cache = self.compile_cache.clone();
         let started = std::time::Instant::now();
@@ -367,13 +381,16 @@ impl Sandbox {
             path: path.to_path_buf(),
             error,
         })?;
-        let cached = outcome == compile_cache::CacheOutcome::Hit;
         tracing::info!(
             component = %path.display(),
             elapsed = ?started.elapsed(),
             cache = ?outcome,
             "{}",
-            if cached { "component loaded from the compiled-component cache" } else { "component compiled" }
+            match outcome {
+                compile_cache::CacheOutcome::Precompiled => "component loaded from the precompiled components",
+                compile_cache::CacheOutcome::Hit => "component loaded from the compiled-component cache",
+                compile_cache::CacheOutcome::Miss | compile_cache::CacheOutcome::Rebuilt => "component compiled",
+            }
         );
         let pre = self
             .linker
