@@ -151,6 +151,11 @@ impl Host {
             .arg(&launch.compile_cache)
             .args(launch.args)
             .env("RUST_LOG", launch.log_filter);
+        // Not the default /usr/lib/wdp/compiled: a machine with wdp installed would lend its
+        // compiled components to every run. Absent, so none unless the launch names one.
+        if !launch.args.contains(&"--precompiled") {
+            cmd.arg("--precompiled").arg(f.path().join("precompiled"));
+        }
         let log = f.path().join(format!(
             "wdp-run-{}.log",
             SystemTime::now()
