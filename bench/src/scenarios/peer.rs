@@ -272,7 +272,11 @@ async fn stripped_size(binary: &Path) -> Result<u64> {
         .status()
         .await
         .with_context(|| format!("strip --strip-all {} (binutils)", binary.display()))?;
-    ensure!(status.success(), "strip --strip-all {}: {status}", binary.display());
+    ensure!(
+        status.success(),
+        "strip --strip-all {}: {status}",
+        binary.display()
+    );
     Ok(std::fs::metadata(&copy)
         .with_context(|| format!("size of {}", copy.display()))?
         .len())

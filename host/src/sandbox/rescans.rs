@@ -45,12 +45,21 @@ mod tests {
     fn rescans_announced_while_nobody_waits_wake_the_next_wait_once() {
         use futures::FutureExt;
         let rescans = Rescans::default();
-        assert!(rescans.next().now_or_never().is_none(), "nothing announced yet");
+        assert!(
+            rescans.next().now_or_never().is_none(),
+            "nothing announced yet"
+        );
         rescans.started();
         rescans.started();
         assert_eq!(rescans.count(), 2);
         // The two announcements are one wake-up.
-        assert!(rescans.next().now_or_never().is_some(), "a rescan was announced");
-        assert!(rescans.next().now_or_never().is_none(), "no new rescan since");
+        assert!(
+            rescans.next().now_or_never().is_some(),
+            "a rescan was announced"
+        );
+        assert!(
+            rescans.next().now_or_never().is_none(),
+            "no new rescan since"
+        );
     }
 }
