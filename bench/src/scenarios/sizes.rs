@@ -50,9 +50,10 @@ impl Sizes {
             restarts: 30,
             stream_cuts: 100,
             starts: 10,
-            // From all listed: the start-up's 12 s, then two default 30 s safety rescans (the
-            // first scans end just before all is listed: they come at 30 and 60 s; 8 s to spare).
-            idle: Duration::from_secs(68),
+            // From all listed: the start-up's 12 s, three default 30 s safety rescans (at about
+            // 30, 60 and 90 s) and their hand-backs, then the steady state to ten minutes and more:
+            // twenty rounds of rescans, enough for the anonymous memory's slope.
+            idle: Duration::from_secs(620),
             bulk_devices: 10_000,
             bulk_cycles: 50,
             wasm_devices: 1000,
