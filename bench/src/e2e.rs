@@ -27,6 +27,18 @@ impl Jitter {
         Jitter(seed | 1)
     }
 
+    /// The wait before a change that should reach kubelet as an isolated hot-plug does: the host
+    /// takes a scanner's first tree after a quiet [`NOTIFY_INTERVAL`] at once, and holds one
+    /// that comes sooner until the interval's end (`wdp::coalesce`), so a change made 5-25 ms
+    /// after the last one would be timed with most of that interval in it. The interval, then
+    /// 5-25 ms more.
+    ///
+    /// [`NOTIFY_INTERVAL`]: wdp::coalesce::NOTIFY_INTERVAL
+    pub fn after_quiet_interval(&mut self) -> Duration {
+        wdp::coalesce::NOTIFY_INTERVAL
+            + self.between(Duration::from_millis(5), Duration::from_millis(25))
+    }
+
     /// Uniform in [lo, hi).
     pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
         let mut x = self.0;

@@ -46,7 +46,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let mut jitter = Jitter::new();
     let (mut up, mut down) = (Vec::new(), Vec::new());
     for _ in 0..sizes.bulk_cycles {
-        tokio::time::sleep(jitter.between(ms(20), ms(60))).await;
+        tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.char_dev(&extra, fixtures::BULK_MAJOR, n as u32);
         let at = expect(&mut obs, &host, "one more", long, |o| {
@@ -54,7 +54,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
         })
         .await?;
         up.push(at - t0);
-        tokio::time::sleep(jitter.between(ms(20), ms(60))).await;
+        tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.remove_dev(&extra);
         let at = expect(&mut obs, &host, "one fewer", long, |o| {

@@ -20,7 +20,7 @@ use wdp_dra::apiserver::standin::{ApiServerStandIn, allocated_claim};
 use wdp_dra::kubelet::KubeletStandIn;
 use wdp_dra::plugin::ClaimRef;
 
-use super::shared::{Ctx, guest, ms};
+use super::shared::{Ctx, guest};
 use super::sizes::Sizes;
 use crate::e2e::Jitter;
 use crate::report::{Report, Row};
@@ -104,12 +104,12 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     let mut jitter = Jitter::new();
     let (mut plug, mut unplug) = (Vec::new(), Vec::new());
     for _ in 0..sizes.hotplug_cycles {
-        tokio::time::sleep(jitter.between(ms(5), ms(25))).await;
+        tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.char_dev("ttyUSB1", 188, 1);
         let at = until_published(&api, &["ttyUSB0", "ttyUSB1"], "ttyUSB1 plugged").await?;
         plug.push(at - t0);
-        tokio::time::sleep(jitter.between(ms(5), ms(25))).await;
+        tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.remove_dev("ttyUSB1");
         let at = until_published(&api, &["ttyUSB0"], "ttyUSB1 unplugged").await?;

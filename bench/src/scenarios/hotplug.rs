@@ -81,7 +81,7 @@ pub async fn event_driven(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Resu
     println!("\n== hot-plug, event-driven (generic scanner, wait-for-change) ==");
     let mut jitter = Jitter::new();
     let (plug, unplug) = plug_cycles(ctx, &guest("generic"), &[], sizes.hotplug_cycles, || {
-        jitter.between(Duration::from_millis(5), Duration::from_millis(25))
+        jitter.after_quiet_interval()
     })
     .await?;
     let target = "p50 <= 20 ms, p99 <= 50 ms";
@@ -165,7 +165,7 @@ pub async fn new_type(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<(
     let mut jitter = Jitter::new();
     let (mut up, mut down) = (Vec::new(), Vec::new());
     for _ in 0..sizes.newtype_cycles {
-        tokio::time::sleep(jitter.between(ms(5), ms(25))).await;
+        tokio::time::sleep(jitter.after_quiet_interval()).await;
         let registrations = obs.registrations(FUSE);
         let t0 = Instant::now();
         f.char_dev("fuse", 10, 229);
@@ -174,7 +174,7 @@ pub async fn new_type(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<(
         })
         .await?;
         up.push(at - t0);
-        tokio::time::sleep(jitter.between(ms(5), ms(25))).await;
+        tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.remove_dev("fuse");
         let at = expect(&mut obs, &host, "fuse stream ended", long, |o| {
