@@ -237,7 +237,12 @@ async fn main() -> Result<()> {
     report.read_criterion(&root.join(&args.criterion));
     let notes = std::fs::read_to_string(&notes).ok();
     report.run_seconds = started.elapsed().as_secs_f64();
-    let text = report.markdown(notes.as_deref());
+    let previous = std::fs::read_to_string(&out).unwrap_or_default();
+    let text = format!(
+        "{}{}",
+        report.markdown(notes.as_deref()),
+        soak_sections(&previous)
+    );
     std::fs::write(&out, text).with_context(|| format!("write {}", out.display()))?;
     println!(
         "\nwdp-bench: {} rows in {:.0} s; wrote {}",
@@ -246,6 +251,31 @@ async fn main() -> Result<()> {
         out.display()
     );
     Ok(())
+}
+
+/// The sections `make soak` writes into the results (`tests/tests/soak.rs`, each replaced whole
+/// by the next soak run): a bench run does not measure them, and rewriting the file must not lose
+/// them, nor the book's links to them.
+const SOAK_SECTIONS: &[&str] = &["DRA soak", "Soak"];
+
+/// The [`SOAK_SECTIONS`] of `previous` (the results file being replaced), each from its heading
+/// to the next `## ` heading, as they were.
+fn soak_sections(previous: &str) -> String {
+    let mut kept = String::new();
+    for title in SOAK_SECTIONS {
+        let heading = format!("\n## {title}\n");
+        let Some(start) = previous.find(&heading).map(|i| i + 1) else {
+            continue;
+        };
+        let body = &previous[start..];
+        let end = body[heading.len() - 1..]
+            .find("\n## ")
+            .map_or(body.len(), |j| heading.len() - 1 + j);
+        kept.push('\n');
+        kept.push_str(body[..end].trim_end());
+        kept.push('\n');
+    }
+    kept
 }
 
 /// The binary the idle row measures and how its row names the build: `--idle-wdp`, else the
