@@ -138,11 +138,14 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
 /// Precompiles every component `config` names into `out` with the binary under test, as
 /// scripts/image.sh does for the image; returns how many there are.
 fn precompile(ctx: &Ctx, config: &Path, out: &Path) -> Result<usize> {
-    let text =
-        std::fs::read_to_string(config).with_context(|| format!("read {}", config.display()))?;
-    let mut components: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("component: "))
+    let parsed = wdp::config::load(config)?;
+    let mut components: Vec<&Path> = parsed
+        .scanners
+        .iter()
+        .filter_map(|s| match &s.component {
+            wdp::config::ComponentSource::File(path) => Some(path.as_path()),
+            wdp::config::ComponentSource::Oci(_) => None,
+        })
         .collect();
     components.sort_unstable();
     components.dedup();
