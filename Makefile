@@ -25,7 +25,7 @@ PY_TOOLCHAIN := wit/device-plugin.wit guest-scanners/python/requirements.txt scr
 JS_TOOLCHAIN := wit/device-plugin.wit $(wildcard guest-scanners/js/wit/*.wit guest-scanners/js/wit/deps/*/*.wit) guest-scanners/js/package-lock.json scripts/build-lang-guest.sh
 C_TOOLCHAIN := wit/device-plugin.wit scripts/setup-toolchains.sh scripts/build-lang-guest.sh
 # The contract as a WIT package (the wasm form `wkg get` fetches and `wkg publish` pushes).
-WIT_PACKAGE := target/wit/wdp_device-plugin@0.1.1.wasm
+WIT_PACKAGE := target/wit/wdp_device-plugin@0.1.2.wasm
 # Where scripts/setup-toolchains.sh installs the guest toolchains.
 TOOLS ?= target/tools
 # How long `make demo` runs (e.g. DEMO_DURATION=20s); empty: until Ctrl-C.

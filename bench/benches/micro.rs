@@ -4,7 +4,8 @@
 //!
 //! The 10,000-device rows are the steps a notified tree goes through before kubelet sees it:
 //! validation (`DeviceTree::from_guest`), the policy (which stats every node), NUMA derivation,
-//! the validation stage as the host runs it (which looks up only nodes that changed),
+//! the validation stage as the host runs it (which looks up only nodes that changed), the same
+//! for changes alone (contract 0.1.2),
 //! the manager's apply of a changed tree and the copy a group costs, and the ListAndWatch
 //! message. Each row measures an operation of wdp's public surface (the stages, the manager, a
 //! served resource's answers), never a step made public for it.
@@ -68,6 +69,41 @@ fn ten_thousand(c: &mut Criterion) {
             b.iter_batched(
                 || groups.clone(),
                 |g| validator.check(g).expect("valid"),
+                BatchSize::LargeInput,
+            )
+        },
+    );
+    // The same stage for a guest that tells only what changed (contract 0.1.2): the last
+    // device's health flips, and the patched tree to serve comes out.
+    let kept = validator.check(groups.clone()).expect("valid");
+    validator.keep(&kept);
+    let mut last = groups[0].devices[BULK - 1].clone();
+    c.bench_function(
+        "validate/check_changes 10k devices, one changed (0.1.2)",
+        |b| {
+            b.iter_batched(
+                || {
+                    last.info.health = match last.info.health {
+                        wdp::bindings::types::Health::Healthy => {
+                            wdp::bindings::types::Health::Unhealthy
+                        }
+                        wdp::bindings::types::Health::Unhealthy => {
+                            wdp::bindings::types::Health::Healthy
+                        }
+                    };
+                    let mut set = wdp::changes::ChangeSet::default();
+                    set.merge(
+                        vec![wdp::bindings::types::GroupChanges {
+                            dev_type: "bulk".into(),
+                            changed: vec![last.clone()],
+                            removed: vec![],
+                        }],
+                        vec![],
+                        1,
+                    );
+                    set
+                },
+                |set| validator.check_changes(set).expect("valid"),
                 BatchSize::LargeInput,
             )
         },

@@ -15,6 +15,14 @@
 //!
 //! The host holds at most one pending tree per scanner, whatever the guest's pace: the guest never
 //! waits in `notify`, and a tree it replaces is dropped at once.
+//!
+//! Changes (`notify-changes`) are coalesced the same way, merged into one pending set
+//! ([`ChangeSet`]) held to the guest's memory limit. They apply to the last tree the host
+//! accepted, so they are taken only while the host holds it: the supervisor says so after each
+//! validation ([`Latest::in_step`]), and the first changes of an instance, changes after a refusal,
+//! changes behind a pending whole tree and changes that would hold more than the limit are turned
+//! away (the guest is told to notify its whole tree). The supervisor keeps the tree changes apply
+//! to only for an instance that has sent some ([`Latest::wants_base`]).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,6 +32,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::bindings::types as wit;
+use crate::changes::ChangeSet;
 use crate::metrics::ScannerMetrics;
 use crate::sandbox::{SinkClosed, TreeSink};
 
@@ -33,6 +42,15 @@ pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(100);
 /// A notified tree as the guest gave it, with its attributes and what their host form was
 /// charged as they were lifted.
 pub type Notified = (wit::DeviceTree, Vec<wit::DeviceAttributes>, usize);
+
+/// What waits to be taken: a whole tree, or changes to the last one accepted.
+#[derive(Debug)]
+pub enum Pending {
+    /// A tree from `notify` or `notify-with-attributes`.
+    Tree(Notified),
+    /// Changes from `notify-changes`, merged.
+    Changes(ChangeSet),
+}
 
 /// What the sink and the supervisor share.
 struct Slot {
@@ -47,12 +65,16 @@ struct Slot {
 
 #[derive(Default)]
 struct State {
-    /// The latest tree not yet taken.
-    pending: Option<Notified>,
+    /// The latest tree, or the changes, not yet taken.
+    pending: Option<Pending>,
     /// When a tree was last taken.
     last: Option<Instant>,
     /// The taker is gone.
     closed: bool,
+    /// The taker holds the tree the guest's next changes apply to.
+    in_step: bool,
+    /// The guest sent changes: the taker is to keep the tree they apply to.
+    wants_base: bool,
 }
 
 impl Slot {
@@ -63,11 +85,16 @@ impl Slot {
 
 /// A coalescing pair for one scanner instance: the sink its store is given, and the supervisor's
 /// end.
-pub fn coalescing(metrics: Arc<ScannerMetrics>) -> (NotifySink, Latest) {
-    coalescing_every(NOTIFY_INTERVAL, metrics)
+/// Pending changes are held to `memory`, the guest's memory limit.
+pub fn coalescing(metrics: Arc<ScannerMetrics>, memory: usize) -> (NotifySink, Latest) {
+    coalescing_every(NOTIFY_INTERVAL, metrics, memory)
 }
 
-fn coalescing_every(interval: Duration, metrics: Arc<ScannerMetrics>) -> (NotifySink, Latest) {
+fn coalescing_every(
+    interval: Duration,
+    metrics: Arc<ScannerMetrics>,
+    memory: usize,
+) -> (NotifySink, Latest) {
     let slot = Arc::new(Slot {
         interval,
         state: Mutex::default(),
@@ -78,6 +105,7 @@ fn coalescing_every(interval: Duration, metrics: Arc<ScannerMetrics>) -> (Notify
         NotifySink {
             slot: slot.clone(),
             metrics,
+            memory,
         },
         Latest { slot },
     )
@@ -87,39 +115,13 @@ fn coalescing_every(interval: Duration, metrics: Arc<ScannerMetrics>) -> (Notify
 pub struct NotifySink {
     slot: Arc<Slot>,
     metrics: Arc<ScannerMetrics>,
+    /// The guest's memory limit, which pending changes may not pass.
+    memory: usize,
 }
 
-impl TreeSink for NotifySink {
-    fn notify(
-        &mut self,
-        tree: wit::DeviceTree,
-        attributes: Vec<wit::DeviceAttributes>,
-        bytes: usize,
-    ) -> BoxFuture<'_, Result<(), SinkClosed>> {
-        // The scan that began at the guest's last wake-up ends here, whenever it is validated.
-        self.metrics.notified();
-        let (replaced, due) = {
-            let mut state = self.slot.state();
-            if state.closed {
-                return Box::pin(async { Err(SinkClosed) });
-            }
-            let due = state.pending.is_none()
-                && state
-                    .last
-                    .is_none_or(|last| Instant::now() >= last + self.slot.interval);
-            (state.pending.replace((tree, attributes, bytes)), due)
-        };
-        if replaced.is_some() {
-            ScannerMetrics::bump(&self.metrics.notifies_coalesced);
-        }
-        // Dropped outside the lock: a large tree takes a while to free.
-        drop(replaced);
-        self.slot.notified.notify_one();
-        if !due {
-            return Box::pin(async { Ok(()) });
-        }
-        // The first tree after a quiet interval goes out at once: the guest waits until it is
-        // taken, so its next notify cannot replace it first.
+impl NotifySink {
+    /// Waits until what is pending was taken (or the taker is gone).
+    fn taken(&self) -> BoxFuture<'static, Result<(), SinkClosed>> {
         let slot = self.slot.clone();
         Box::pin(async move {
             loop {
@@ -136,6 +138,104 @@ impl TreeSink for NotifySink {
                 taken.await;
             }
         })
+    }
+
+    /// Whether what is pending now is due at once: nothing was pending and the interval since
+    /// the last take has passed.
+    fn due(&self, state: &State) -> bool {
+        state.pending.is_none()
+            && state
+                .last
+                .is_none_or(|last| Instant::now() >= last + self.slot.interval)
+    }
+}
+
+impl TreeSink for NotifySink {
+    fn notify(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+        bytes: usize,
+    ) -> BoxFuture<'_, Result<(), SinkClosed>> {
+        // The scan that began at the guest's last wake-up ends here, whenever it is validated.
+        self.metrics.notified();
+        let (replaced, due) = {
+            let mut state = self.slot.state();
+            if state.closed {
+                return Box::pin(async { Err(SinkClosed) });
+            }
+            let due = self.due(&state);
+            // Changes after this tree apply to it, once it is accepted.
+            state.in_step = false;
+            let replaced = state
+                .pending
+                .replace(Pending::Tree((tree, attributes, bytes)));
+            (replaced, due)
+        };
+        if replaced.is_some() {
+            ScannerMetrics::bump(&self.metrics.notifies_coalesced);
+        }
+        // Dropped outside the lock: a large tree takes a while to free.
+        drop(replaced);
+        self.slot.notified.notify_one();
+        if !due {
+            return Box::pin(async { Ok(()) });
+        }
+        // The first tree after a quiet interval goes out at once: the guest waits until it is
+        // taken, so its next notify cannot replace it first.
+        self.taken()
+    }
+
+    fn changes(
+        &mut self,
+        changes: Vec<wit::GroupChanges>,
+        attributes: Vec<wit::DeviceAttributes>,
+        bytes: usize,
+    ) -> BoxFuture<'_, Result<bool, SinkClosed>> {
+        self.metrics.notified();
+        let (merged, due, dropped) = {
+            let mut guard = self.slot.state();
+            let state = &mut *guard;
+            if state.closed {
+                return Box::pin(async { Err(SinkClosed) });
+            }
+            state.wants_base = true;
+            let due = self.due(state);
+            let in_step = state.in_step;
+            let fits = |held: usize| held.saturating_add(bytes) <= self.memory;
+            match &mut state.pending {
+                // The changes apply to a tree not yet accepted: it is to be sent again whole.
+                Some(Pending::Tree(_)) => (false, due, None),
+                _ if !in_step => (false, due, None),
+                Some(Pending::Changes(set)) if fits(set.bytes) => {
+                    ScannerMetrics::bump(&self.metrics.notifies_coalesced);
+                    set.merge(changes, attributes, bytes);
+                    (true, due, None)
+                }
+                None if fits(0) => {
+                    let mut set = ChangeSet::default();
+                    set.merge(changes, attributes, bytes);
+                    state.pending = Some(Pending::Changes(set));
+                    (true, due, None)
+                }
+                _ => {
+                    // More than the guest's memory would wait: what waits is dropped, and the
+                    // guest sends its whole tree, which replaces it all.
+                    state.in_step = false;
+                    (false, due, state.pending.take())
+                }
+            }
+        };
+        drop(dropped);
+        if !merged {
+            return Box::pin(async { Ok(false) });
+        }
+        self.slot.notified.notify_one();
+        if !due {
+            return Box::pin(async { Ok(true) });
+        }
+        let taken = self.taken();
+        Box::pin(async move { taken.await.map(|()| true) })
     }
 }
 
@@ -166,8 +266,19 @@ impl Latest {
         }
     }
 
-    /// The pending tree, if any; the interval starts again now.
-    pub fn take(&mut self) -> Option<Notified> {
+    /// Whether the taker now holds the tree the guest's next changes apply to: true once a tree
+    /// or changes were accepted, false once refused.
+    pub fn in_step(&mut self, in_step: bool) {
+        self.slot.state().in_step = in_step;
+    }
+
+    /// Whether the guest has sent changes, so the taker is to keep the tree they apply to.
+    pub fn wants_base(&self) -> bool {
+        self.slot.state().wants_base
+    }
+
+    /// The pending tree or changes, if any; the interval starts again now.
+    pub fn take(&mut self) -> Option<Pending> {
         let taken = {
             let mut state = self.slot.state();
             let taken = state.pending.take();
@@ -216,15 +327,19 @@ mod tests {
         }]
     }
 
-    fn id(notified: Option<Notified>) -> String {
-        notified.expect("a tree").0[0].devices[0].id.clone()
+    fn id(pending: Option<Pending>) -> String {
+        match pending {
+            Some(Pending::Tree(notified)) => notified.0[0].devices[0].id.clone(),
+            other => panic!("expected a tree, got {other:?}"),
+        }
     }
 
     #[tokio::test]
     async fn a_burst_reaches_its_taker_as_its_latest_tree() {
         let metrics = Arc::new(ScannerMetrics::default());
         // An interval no test outlasts: every notify after the first is in its burst.
-        let (mut sink, mut latest) = coalescing_every(Duration::from_secs(3600), metrics.clone());
+        let (mut sink, mut latest) =
+            coalescing_every(Duration::from_secs(3600), metrics.clone(), usize::MAX);
         // The first notify is ready at once, and returns once it is taken.
         let (notified, taken) = tokio::join!(sink.notify(tree("a"), vec![], 0), async {
             latest.ready().now_or_never().expect("ready at once");
@@ -251,7 +366,7 @@ mod tests {
     #[tokio::test]
     async fn after_a_quiet_interval_a_tree_is_taken_at_once() {
         let interval = Duration::from_millis(20);
-        let (mut sink, mut latest) = coalescing_every(interval, Arc::default());
+        let (mut sink, mut latest) = coalescing_every(interval, Arc::default(), usize::MAX);
         for name in ["a", "b"] {
             let (notified, taken) = tokio::join!(sink.notify(tree(name), vec![], 0), async {
                 latest.ready().now_or_never().expect("ready at once");
@@ -263,9 +378,65 @@ mod tests {
         }
     }
 
+    fn changed(id: &str) -> Vec<wit::GroupChanges> {
+        vec![wit::GroupChanges {
+            dev_type: "t".into(),
+            changed: vec![tree(id).remove(0).devices.remove(0)],
+            removed: vec![],
+        }]
+    }
+
+    fn changed_ids(pending: Option<Pending>) -> Vec<String> {
+        match pending {
+            Some(Pending::Changes(set)) => set.groups["t"].keys().cloned().collect(),
+            other => panic!("expected changes, got {other:?}"),
+        }
+    }
+
+    /// Changes are taken only while the taker holds the tree they apply to, are merged while
+    /// they wait, and are turned away behind a pending tree or past the guest's memory.
+    #[tokio::test]
+    async fn changes_wait_merged_and_only_where_they_apply() {
+        let metrics = Arc::new(ScannerMetrics::default());
+        let (mut sink, mut latest) =
+            coalescing_every(Duration::from_secs(3600), metrics.clone(), 100);
+        // Nothing accepted yet: turned away, and the taker is asked to keep the next tree.
+        assert!(!latest.wants_base());
+        assert!(!sink.changes(changed("a"), vec![], 10).await.unwrap());
+        assert!(latest.wants_base());
+        assert!(latest.take().is_none(), "turned-away changes are not kept");
+        // The taker holds the tree: the first changes go out at once (the guest waits for the
+        // take), the next ones wait merged.
+        latest.in_step(true);
+        let (applied, taken) = tokio::join!(sink.changes(changed("a"), vec![], 10), async {
+            latest.ready().await;
+            latest.take()
+        });
+        assert!(applied.unwrap());
+        assert_eq!(changed_ids(taken), ["a"]);
+        assert!(sink.changes(changed("b"), vec![], 10).await.unwrap());
+        assert!(sink.changes(changed("c"), vec![], 10).await.unwrap());
+        assert_eq!(ScannerMetrics::get(&metrics.notifies_coalesced), 1);
+        assert_eq!(changed_ids(latest.take()), ["b", "c"]);
+        // Past the guest's memory (100 bytes) what waits is dropped: the guest sends its tree.
+        assert!(sink.changes(changed("d"), vec![], 60).await.unwrap());
+        assert!(!sink.changes(changed("e"), vec![], 60).await.unwrap());
+        assert!(latest.take().is_none());
+        assert!(
+            !sink.changes(changed("f"), vec![], 1).await.unwrap(),
+            "out of step"
+        );
+        // A tree is pending: changes to it wait for it to be accepted, so are turned away.
+        latest.in_step(true);
+        sink.notify(tree("g"), vec![], 0).await.unwrap();
+        assert!(!sink.changes(changed("h"), vec![], 1).await.unwrap());
+        assert!(matches!(latest.take(), Some(Pending::Tree(_))));
+    }
+
     #[tokio::test]
     async fn a_cancelled_wait_loses_nothing() {
-        let (mut sink, mut latest) = coalescing_every(Duration::from_secs(3600), Arc::default());
+        let (mut sink, mut latest) =
+            coalescing_every(Duration::from_secs(3600), Arc::default(), usize::MAX);
         tokio::join!(sink.notify(tree("a"), vec![], 0), async {
             latest.ready().await;
             latest.take()

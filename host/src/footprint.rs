@@ -83,6 +83,17 @@ pub fn lifted_bytes(tree: &[wit::DeviceGroup], attributes: &[wit::DeviceAttribut
     size_of::<wit::DeviceTree>() + size_of::<Vec<wit::DeviceAttributes>>() + groups + attributes
 }
 
+/// The host memory lifted changes (`notify-changes`) and their attributes hold, as
+/// [`lifted_bytes`] counts a tree.
+pub fn changes_bytes(changes: &[wit::GroupChanges], attributes: &[wit::DeviceAttributes]) -> usize {
+    let groups = list(changes, |g| {
+        text(&g.dev_type)
+            + list(&g.changed, |d| text(&d.id) + info(&d.info))
+            + list(&g.removed, |id| text(id))
+    });
+    lifted_bytes(&[], attributes) + groups
+}
+
 /// How many times its `limits.memory` the host holds at most, at once, for one scanner whose
 /// resources it serves to kubelet, each part held to that limit:
 ///
@@ -95,11 +106,15 @@ pub fn lifted_bytes(tree: &[wit::DeviceGroup], attributes: &[wit::DeviceAttribut
 /// 5. the tree replacing it: being validated (the lifted tree it is made of is the pending one
 ///    taken, and the guest does not run meanwhile: both run in the supervisor's task) or being
 ///    applied by the manager (the supervisor validates the next one only once this one is
-///    applied: [`crate::manager::Manager::run`]).
+///    applied: [`crate::manager::Manager::run`]);
+/// 6. for a guest that notifies changes (contract 0.1.2), the last tree accepted, which they
+///    patch ([`crate::validate::Validator::keep`], charged as the validated form is).
 ///
-/// So the host's memory stays within its own (what it holds with no tree) and this many times
-/// the sum of its scanners' limits, and [`CDI_HELD_PER_SCANNER`] more for those with CDI specs.
-pub const HELD_PER_SCANNER: u64 = 5;
+/// The pending tree may instead be pending changes ([`crate::changes::ChangeSet`]), held to the
+/// limit as they are merged ([`crate::coalesce`]). So the host's memory stays within its own
+/// (what it holds with no tree) and this many times the sum of its scanners' limits, and
+/// [`CDI_HELD_PER_SCANNER`] more for those with CDI specs.
+pub const HELD_PER_SCANNER: u64 = 6;
 
 /// What a scanner with CDI specs (`cdi:`) adds to [`HELD_PER_SCANNER`]: the CDI writer keeps
 /// what it wrote of each group to know when a spec changes (a copy of the served group without

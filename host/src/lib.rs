@@ -27,6 +27,7 @@ pub mod atomic_file;
 pub mod bindings;
 pub mod cdi;
 pub mod cdi_version;
+pub mod changes;
 pub mod cli;
 pub mod coalesce;
 pub mod config;

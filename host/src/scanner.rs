@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::bindings::scanner::ScannerPluginPre;
 use crate::bindings::types as wit;
-use crate::coalesce::{Latest, Notified, coalescing};
+use crate::coalesce::{Latest, Pending, coalescing};
 use crate::policy::Policy;
 use crate::sandbox::{Guest, GuestState, Sandbox, SinkClosed, Stopped, TreeSink, describe};
 use crate::topology::Topology;
@@ -119,8 +119,8 @@ impl EventSink {
                 latest.close();
                 return SinkClosed;
             };
-            if let (Some(permit), Some(notified)) = (permits.next(), latest.take()) {
-                permit.send(checked(&mut self.validator, notified));
+            if let (Some(permit), Some(pending)) = (permits.next(), latest.take()) {
+                permit.send(checked(&mut self.validator, latest, pending));
             }
         }
     }
@@ -132,15 +132,34 @@ impl EventSink {
             latest.close();
             return;
         };
-        if let (Some(permit), Some(notified)) = (permits.next(), latest.take()) {
-            permit.send(checked(&mut self.validator, notified));
+        if let (Some(permit), Some(pending)) = (permits.next(), latest.take()) {
+            permit.send(checked(&mut self.validator, latest, pending));
         }
     }
 }
 
-/// A notified tree as an event: validated, or refused.
-fn checked(validator: &mut Validator, (tree, attributes, bytes): Notified) -> ScannerEvent {
-    match validator.check_lifted(tree, attributes, bytes) {
+/// A notified tree, or changes to the last one, as an event: validated, or refused. Tells
+/// `latest` whether the guest's next changes can apply to what the validator now keeps.
+fn checked(validator: &mut Validator, latest: &mut Latest, pending: Pending) -> ScannerEvent {
+    let checked = match pending {
+        Pending::Tree((tree, attributes, bytes)) => {
+            validator.forget();
+            let checked = validator.check_lifted(tree, attributes, bytes);
+            if let Ok(tree) = &checked
+                && latest.wants_base()
+            {
+                validator.keep(tree);
+                latest.in_step(true);
+            }
+            checked
+        }
+        Pending::Changes(changes) => {
+            let checked = validator.check_changes(changes);
+            latest.in_step(checked.is_ok());
+            checked
+        }
+    };
+    match checked {
         Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
         Err(e) => ScannerEvent::Refused(e),
     }
@@ -153,8 +172,22 @@ impl TreeSink for EventSink {
         attributes: Vec<wit::DeviceAttributes>,
         bytes: usize,
     ) -> BoxFuture<'_, Result<(), SinkClosed>> {
-        let event = checked(&mut self.validator, (tree, attributes, bytes));
+        let event = match self.validator.check_lifted(tree, attributes, bytes) {
+            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
+            Err(e) => ScannerEvent::Refused(e),
+        };
         Box::pin(async move { self.events.send(event).await.map_err(|_| SinkClosed) })
+    }
+
+    /// Used without coalescing, this sink takes whole trees only: the guest is told to send
+    /// its tree.
+    fn changes(
+        &mut self,
+        _changes: Vec<wit::GroupChanges>,
+        _attributes: Vec<wit::DeviceAttributes>,
+        _bytes: usize,
+    ) -> BoxFuture<'_, Result<bool, SinkClosed>> {
+        Box::pin(async { Ok(false) })
     }
 }
 
@@ -217,7 +250,8 @@ async fn run_once(sandbox: &Sandbox, scanner: &Scanner, mut sink: EventSink) -> 
     // A new instance: its memory is counted afresh, and its first scan starts now.
     scanner.guest.metrics.memory_reset();
     scanner.guest.metrics.woke();
-    let (notify, mut latest) = coalescing(scanner.guest.metrics.clone());
+    let memory = usize::try_from(scanner.guest.limits.memory).unwrap_or(usize::MAX);
+    let (notify, mut latest) = coalescing(scanner.guest.metrics.clone(), memory);
     let mut store = sandbox
         .store(&scanner.guest, Some(Box::new(notify)))
         .map_err(|e| e.to_string())?;
@@ -277,7 +311,7 @@ mod tests {
         );
         let (tx, mut rx) = mpsc::channel(4);
         let mut sink = EventSink::new(validator, tx.clone());
-        let (mut notify, mut latest) = coalescing(metrics.clone());
+        let (mut notify, mut latest) = coalescing(metrics.clone(), usize::MAX);
         // The tree is pending once notify returns its future, which waits for the take.
         drop(notify.notify(tree("a"), Vec::new(), 0));
         let applying = tx.clone().reserve_owned().await.unwrap();

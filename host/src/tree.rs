@@ -294,6 +294,11 @@ pub enum OutputError {
     #[error(transparent)]
     /// A typed attribute or capacity broke one of the Kubernetes API's rules.
     Attribute(#[from] AttributeError),
+    #[error(
+        "changes were notified, but the host holds no accepted tree for them to apply to (notify the whole tree)"
+    )]
+    /// Changes (`notify-changes`) with no accepted tree to apply them to.
+    ChangesWithoutTree,
 }
 
 impl OutputError {
@@ -320,6 +325,7 @@ impl OutputError {
             OutputError::NodeMissing { .. } => "node-exists",
             OutputError::MountNotAllowed { .. } => "allowed-mounts",
             OutputError::Attribute(e) => e.rule.name(),
+            OutputError::ChangesWithoutTree => "changes-apply-to-a-tree",
         }
     }
 }

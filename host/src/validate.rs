@@ -14,7 +14,7 @@
 //! node: the kernel removes and recreates a device's node (devtmpfs) whenever it removes or adds
 //! the device, and a node recreated under the same name is a new entry the watch reports.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,12 +23,13 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use rustc_hash::FxHashMap;
 
 use crate::bindings::types as wit;
+use crate::changes::ChangeSet;
 use crate::hostfs::DevFs;
 use crate::metrics::ScannerMetrics;
 use crate::policy::Policy;
 use crate::topology::{NumaMemo, Topology};
-use crate::tree::charge::Budget;
-use crate::tree::{DeviceTree, Health, OutputError};
+use crate::tree::charge::{self, Budget};
+use crate::tree::{DeviceGroup, DeviceInfo, DeviceTree, Health, OutputError};
 
 /// One scanner's validation: its rules, its counters and its refusal log.
 pub struct Validator {
@@ -49,6 +50,83 @@ pub struct Validator {
     refusals_unlogged: u64,
     /// The guest's memory limit, which a tree's host form may not exceed ([`crate::footprint`]).
     memory: usize,
+    /// The last tree accepted, kept for a guest that notifies changes ([`Validator::keep`]).
+    base: Option<Base>,
+}
+
+/// The tree changes apply to, with what the caps count of it, so that changes are checked
+/// against it without walking it.
+struct Base {
+    tree: DeviceTree,
+    /// Bytes of its strings, as the policy's `max-tree-bytes` counts them.
+    strings: usize,
+    /// Its validated form's charge ([`crate::tree::charge`]), each group's B-tree counted at
+    /// the largest size it has had ([`Base::peaks`]): removing entries does not free nodes.
+    charge: usize,
+    /// Each group's largest size since it was kept.
+    peaks: BTreeMap<String, usize>,
+}
+
+impl Base {
+    fn of(tree: DeviceTree) -> Self {
+        let strings = tree
+            .0
+            .iter()
+            .map(|(dev_type, group)| {
+                group
+                    .iter()
+                    .map(|(id, info)| device_strings(dev_type, id, info))
+                    .fold(dev_type.len(), usize::saturating_add)
+            })
+            .fold(0, usize::saturating_add);
+        let charge = charge::validated_bytes(&tree);
+        let peaks = tree.0.iter().map(|(t, g)| (t.clone(), g.len())).collect();
+        Base {
+            tree,
+            strings,
+            charge,
+            peaks,
+        }
+    }
+}
+
+/// Bytes of one validated device's strings, as the policy's `max-tree-bytes` counts them in a
+/// notified tree (its id, what it carries, and its attributes entry with the names it repeats).
+fn device_strings(dev_type: &str, id: &str, info: &DeviceInfo) -> usize {
+    let nodes = info
+        .nodes
+        .iter()
+        .map(|n| n.container_path.len() + n.host_path.len() + n.permissions.len());
+    let mounts = info
+        .mounts
+        .iter()
+        .map(|m| m.container_path.len() + m.host_path.len());
+    let pairs = info
+        .envs
+        .iter()
+        .chain(&info.annotations)
+        .map(|(k, v)| k.len() + v.len());
+    let cdi = info.cdi_devices.iter().map(String::len);
+    let a = &info.attributes;
+    let attributes = if a.is_empty() {
+        0
+    } else {
+        let values = a.attributes.iter().map(|(name, value)| {
+            name.len()
+                + match value {
+                    crate::tree::AttributeValue::String(s)
+                    | crate::tree::AttributeValue::Version(s) => s.len(),
+                    crate::tree::AttributeValue::Bool(_) | crate::tree::AttributeValue::Int(_) => 0,
+                }
+        });
+        let capacities = a.capacities.iter().map(|(n, q)| n.len() + q.len());
+        dev_type.len() + id.len() + values.chain(capacities).sum::<usize>()
+    };
+    nodes
+        .chain(mounts)
+        .chain(pairs)
+        .chain(cdi)
+        .fold(id.len() + attributes, usize::saturating_add)
 }
 
 impl Validator {
@@ -72,6 +150,7 @@ impl Validator {
             refusals_logged: None,
             refusals_unlogged: 0,
             memory: usize::MAX,
+            base: None,
         }
     }
 
@@ -122,11 +201,36 @@ impl Validator {
             self.log_refusal(&e);
             return Err(e);
         }
-        let metrics = &self.metrics;
         if !self.memo_tried && node_count(&tree) >= MEMO_FROM {
             self.memo_tried = true;
             self.memo = NodeMemo::new(self.devfs.root_path().to_path_buf());
         }
+        let checked = self.validated(tree, attributes);
+        self.counted(checked)
+    }
+
+    /// Counts `checked` as accepted or refused, logging a refusal.
+    fn counted(
+        &mut self,
+        checked: Result<DeviceTree, OutputError>,
+    ) -> Result<DeviceTree, OutputError> {
+        match &checked {
+            Ok(_) => ScannerMetrics::bump(&self.metrics.trees_accepted),
+            Err(e) => {
+                ScannerMetrics::bump(&self.metrics.trees_refused);
+                self.log_refusal(e);
+            }
+        }
+        checked
+    }
+
+    /// The policy's checks of `tree` as notified, what is known of its nodes asked first, and
+    /// NUMA affinity filled in: the tree validated, not yet counted.
+    fn validated(
+        &mut self,
+        tree: wit::DeviceTree,
+        attributes: Vec<wit::DeviceAttributes>,
+    ) -> Result<DeviceTree, OutputError> {
         if let Some(memo) = &mut self.memo {
             memo.catch_up();
             memo.watch_for(&tree);
@@ -134,27 +238,149 @@ impl Validator {
         let memo = &self.memo;
         let known = |path: &str| memo.as_ref().is_some_and(|m| m.exists(path));
         let mut budget = Budget::new(self.memory);
-        let checked =
+        let mut tree =
             self.policy
-                .check_tree_charged(tree, attributes, &self.devfs, &known, &mut budget);
-        match checked {
-            Ok(mut tree) => {
-                match &mut self.memo {
-                    Some(memo) => {
-                        memo.existing(&tree);
-                        self.topology.fill_remembering(&mut tree, &self.devfs, memo);
-                    }
-                    None => self.topology.fill(&mut tree, &self.devfs),
-                }
-                ScannerMetrics::bump(&metrics.trees_accepted);
-                Ok(tree)
+                .check_tree_charged(tree, attributes, &self.devfs, &known, &mut budget)?;
+        match &mut self.memo {
+            Some(memo) => {
+                memo.existing(&tree);
+                self.topology.fill_remembering(&mut tree, &self.devfs, memo);
             }
-            Err(e) => {
-                ScannerMetrics::bump(&metrics.trees_refused);
-                self.log_refusal(&e);
-                Err(e)
-            }
+            None => self.topology.fill(&mut tree, &self.devfs),
         }
+        Ok(tree)
+    }
+
+    /// Keeps `tree`, just accepted, as the tree the guest's changes apply to: only for a guest
+    /// that notifies changes, since it is one more form of the tree to hold.
+    pub fn keep(&mut self, tree: &DeviceTree) {
+        self.base = Some(Base::of(tree.clone()));
+    }
+
+    /// Drops the kept tree: the guest's next changes would not apply to it (a tree or changes
+    /// were refused, or a new tree is coming).
+    pub fn forget(&mut self) {
+        self.base = None;
+    }
+
+    /// Changes a guest notified (`notify-changes`), applied to the kept tree: only the changed
+    /// devices are validated, as any notified device is (structure, caps, nodes that exist,
+    /// allowed mounts, attributes; NUMA affinity filled in), and the caps that count the whole
+    /// tree are checked from what the kept tree's counts become. Returns the patched tree to
+    /// serve, which is kept; refused, the kept tree is dropped (the guest is then told to
+    /// notify its whole tree).
+    pub fn check_changes(&mut self, changes: ChangeSet) -> Result<DeviceTree, OutputError> {
+        let checked = self.patch(changes);
+        if checked.is_err() {
+            self.base = None;
+        }
+        self.counted(checked)
+    }
+
+    fn patch(&mut self, changes: ChangeSet) -> Result<DeviceTree, OutputError> {
+        if self.base.is_none() {
+            return Err(OutputError::ChangesWithoutTree);
+        }
+        if changes.bytes > self.memory {
+            return Err(OutputError::TreeHostMemory {
+                bytes: changes.bytes,
+                max: self.memory,
+                form: "lifted",
+            });
+        }
+        let (tree, attributes, removed) = changes.split();
+        let changed = self.validated(tree, attributes)?;
+        let Some(base) = &self.base else {
+            return Err(OutputError::ChangesWithoutTree);
+        };
+        // What the kept tree's counts become, checked before it is touched.
+        let policy = &self.policy;
+        let mut strings = base.strings;
+        let mut charge_total = base.charge;
+        let mut types = base.tree.0.len();
+        let no_group = DeviceGroup::new();
+        let mut peaks = Vec::with_capacity(changed.0.len());
+        for (dev_type, group) in &changed.0 {
+            let before = base.tree.0.get(dev_type);
+            let old = before.unwrap_or(&no_group);
+            if before.is_none() {
+                types += 1;
+                strings = strings.saturating_add(dev_type.len());
+                charge_total = charge_total
+                    .saturating_add(crate::footprint::heap(dev_type.len()))
+                    .saturating_add(charge::btree::<String, DeviceGroup>(types))
+                    .saturating_sub(charge::btree::<String, DeviceGroup>(types - 1));
+            }
+            let gone = removed.get(dev_type).map_or(&[][..], Vec::as_slice);
+            let mut len = old.len();
+            let mut peak = base.peaks.get(dev_type).copied().unwrap_or(0);
+            for (id, info) in group {
+                match old.get(id) {
+                    Some(was) => {
+                        strings = strings.saturating_sub(device_strings(dev_type, id, was));
+                        charge_total =
+                            charge_total.saturating_sub(charge::validated_device(id, was));
+                    }
+                    None => {
+                        len += 1;
+                        peak = peak.max(len);
+                    }
+                }
+                strings = strings.saturating_add(device_strings(dev_type, id, info));
+                charge_total = charge_total.saturating_add(charge::validated_device(id, info));
+            }
+            for id in gone {
+                if let Some(was) = old.get(id) {
+                    len -= 1;
+                    strings = strings.saturating_sub(device_strings(dev_type, id, was));
+                    charge_total = charge_total.saturating_sub(charge::validated_device(id, was));
+                }
+            }
+            if len > policy.max_devices_per_type {
+                return Err(OutputError::TooManyDevices {
+                    dev_type: dev_type.clone(),
+                    count: len,
+                    max: policy.max_devices_per_type,
+                });
+            }
+            let had = base.peaks.get(dev_type).copied().unwrap_or(0);
+            charge_total = charge_total
+                .saturating_add(charge::btree::<String, DeviceInfo>(peak))
+                .saturating_sub(charge::btree::<String, DeviceInfo>(had));
+            peaks.push(peak);
+        }
+        if types > policy.max_types {
+            return Err(OutputError::TooManyTypes {
+                count: types,
+                max: policy.max_types,
+            });
+        }
+        if strings > policy.max_tree_bytes {
+            return Err(OutputError::TreeTooLarge {
+                max: policy.max_tree_bytes,
+            });
+        }
+        if charge_total > self.memory {
+            return Err(OutputError::TreeHostMemory {
+                bytes: charge_total,
+                max: self.memory,
+                form: "validated",
+            });
+        }
+        let Some(base) = &mut self.base else {
+            return Err(OutputError::ChangesWithoutTree);
+        };
+        for ((dev_type, group), peak) in changed.0.into_iter().zip(peaks) {
+            let kept = base.tree.0.entry(dev_type.clone()).or_default();
+            for id in removed.get(&dev_type).into_iter().flatten() {
+                kept.remove(id);
+            }
+            kept.extend(group);
+            base.peaks.insert(dev_type, peak);
+        }
+        base.strings = strings;
+        base.charge = charge_total;
+        Ok(base.tree.clone())
     }
 
     /// One event per refused tree, but at most one a second: a guest that floods bad trees must
@@ -458,6 +684,78 @@ mod tests {
             dev_type: "bulk".into(),
             devices,
         }]
+    }
+
+    /// Changes as a guest gives them: devices `changed` (from [`tree`]'s numbering), ids gone.
+    fn changes(changed: &[u32], removed: &[&str]) -> ChangeSet {
+        let mut set = ChangeSet::default();
+        let mut devices = tree(changed.iter().max().map_or(0, |m| m + 1))
+            .remove(0)
+            .devices;
+        devices.retain(|d| changed.iter().any(|i| d.id == format!("d{i}")));
+        set.merge(
+            vec![wit::GroupChanges {
+                dev_type: "bulk".into(),
+                changed: devices,
+                removed: removed.iter().map(|s| s.to_string()).collect(),
+            }],
+            vec![],
+            1,
+        );
+        set
+    }
+
+    /// Changes applied to the kept tree give what validating the whole new tree gives, charge
+    /// included; the caps count the whole patched tree; a refusal drops the kept tree.
+    #[test]
+    fn changes_patch_the_kept_tree_as_a_whole_tree_would_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("dev");
+        std::fs::create_dir_all(dev.join("bulk")).unwrap();
+        for i in 0..8 {
+            mknod(&dev.join(format!("bulk/n{i}")), i);
+        }
+        let policy = Policy {
+            max_devices_per_type: 6,
+            ..Policy::default()
+        };
+        let mut v = Validator::new(
+            "bulk".into(),
+            Arc::new(policy),
+            Arc::default(),
+            Arc::new(DevFs::open(&dev).unwrap()),
+            Arc::new(Topology::new(&dir.path().join("sys"))),
+        );
+        assert_eq!(
+            v.check_changes(changes(&[1], &[])),
+            Err(OutputError::ChangesWithoutTree)
+        );
+        let first = v.check(tree(4)).unwrap();
+        v.keep(&first);
+        // d4 and d5 come, d0 goes, d1 is given again as it was.
+        let patched = v
+            .check_changes(changes(&[1, 4, 5], &["d0", "nothing"]))
+            .unwrap();
+        let mut whole = tree(6);
+        whole[0].devices.remove(0);
+        let expected = v.check(whole).unwrap();
+        assert_eq!(patched, expected);
+        let base = v.base.as_ref().unwrap();
+        let whole_strings = Base::of(expected.clone()).strings;
+        assert_eq!(base.strings, whole_strings);
+        // The charge counts the B-tree at its largest (6 then 5 devices), so at least the
+        // whole tree's.
+        assert!(base.charge >= charge::validated_bytes(&expected));
+        // Two more would make 7 devices in a type of at most 6: refused whole, nothing kept.
+        let err = v.check_changes(changes(&[6, 7], &[])).unwrap_err();
+        assert_eq!(err.rule(), "max-devices-per-type");
+        assert!(v.base.is_none());
+        // A missing node is refused as in a tree.
+        let mut v2 = v;
+        v2.keep(&expected);
+        std::fs::remove_file(dev.join("bulk/n7")).unwrap();
+        let err = v2.check_changes(changes(&[7], &[])).unwrap_err();
+        assert_eq!(err.rule(), "node-exists");
     }
 
     fn numa_of_first(tree: &DeviceTree) -> Option<Vec<u32>> {

@@ -376,6 +376,15 @@ async fn a_tree_of_aliased_strings_is_refused_before_it_is_copied_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_of_aliased_strings_are_refused_before_they_are_copied_out() {
+    aliased_arguments_are_refused(
+        "changes-alias",
+        "(rule tree-host-memory); refused before it was copied out",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aliased_paths_of_a_read_are_refused_within_the_guest_memory_limit() {
     aliased_arguments_are_refused(
         "read-alias",

@@ -434,7 +434,7 @@ fn another_contract_version_is_refused_at_load() {
     );
     let wit = project.join("wit/device-plugin.wit");
     let text = std::fs::read_to_string(&wit).unwrap();
-    std::fs::write(&wit, text.replace("@0.1.1", "@1.0.0")).unwrap();
+    std::fs::write(&wit, text.replace("@0.1.2", "@1.0.0")).unwrap();
     let make = format!("make ADAPTER='{}'", adapter().display());
     sh(&project, &make, &[]);
     let f = Fixture::new();
@@ -445,7 +445,7 @@ fn another_contract_version_is_refused_at_load() {
     assert!(
         err.contains("is refused: it is built for wdp:device-plugin@1.0.0")
             && err.contains(
-                "this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.1)"
+                "this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.2)"
             ),
         "{err}"
     );
@@ -548,7 +548,7 @@ fn the_contract_is_fetched_by_name() {
         ("XDG_CONFIG_HOME", home.path().as_os_str()),
         ("XDG_CACHE_HOME", home.path().as_os_str()),
     ];
-    let package = target().join("wit/wdp_device-plugin@0.1.1.wasm");
+    let package = target().join("wit/wdp_device-plugin@0.1.2.wasm");
     assert!(
         package.exists(),
         "{} is missing: `make wit-package` builds it",
@@ -561,7 +561,7 @@ fn the_contract_is_fetched_by_name() {
     );
     sh(
         home.path(),
-        "wkg get wdp:device-plugin@0.1.1 --format wasm -o ./fetched.wasm && wkg get wdp:device-plugin@0.1.1 --format wit -o ./fetched.wit",
+        "wkg get wdp:device-plugin@0.1.2 --format wasm -o ./fetched.wasm && wkg get wdp:device-plugin@0.1.2 --format wit -o ./fetched.wit",
         &xdg,
     );
     assert_eq!(
@@ -569,7 +569,7 @@ fn the_contract_is_fetched_by_name() {
         std::fs::read(&package).unwrap()
     );
     let wit = std::fs::read_to_string(home.path().join("fetched.wit")).unwrap();
-    assert!(wit.contains("package wdp:device-plugin@0.1.1;"), "{wit}");
+    assert!(wit.contains("package wdp:device-plugin@0.1.2;"), "{wit}");
     assert!(wit.contains("world scanner-plugin"), "{wit}");
 
     let project = home.path().join("byname");
@@ -592,7 +592,7 @@ package = "example:byname"
 
 [package.metadata.component.target]
 package = "wdp:device-plugin"
-version = "0.1.1"
+version = "0.1.2"
 world = "scanner-plugin"
 "#,
     )

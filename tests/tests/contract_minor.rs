@@ -1,5 +1,6 @@
-//! The contract's minor version 0.1.1 on a host built with it: a guest built against 0.1.0 (the
-//! `legacy` test guest, its WIT pinned) is served beside guests built with the SDK against 0.1.1;
+//! The contract's minor versions on a host built with the latest (0.1.2): a guest built against
+//! 0.1.0 (the `legacy` test guest, its WIT pinned) is served beside guests built with the SDK
+//! against 0.1.2;
 //! a guest of another line is refused with the versions this host speaks; typed attributes reach
 //! the validated tree or refuse it by their rule; the batched `hostfs` reads are confined as the
 //! single ones are.
@@ -30,7 +31,7 @@ fn contract_names(wasm: &[u8]) -> Vec<String> {
 }
 
 #[test]
-fn the_legacy_guest_is_built_against_0_1_0_and_the_sdk_against_0_1_1() {
+fn the_legacy_guest_is_built_against_0_1_0_and_the_sdk_against_0_1_2() {
     let legacy = contract_names(&std::fs::read(guest("legacy")).unwrap());
     assert!(
         legacy.contains(&"wdp:device-plugin/notifier@0.1.0".to_string())
@@ -39,14 +40,14 @@ fn the_legacy_guest_is_built_against_0_1_0_and_the_sdk_against_0_1_1() {
     );
     let generic = contract_names(&std::fs::read(guest("generic")).unwrap());
     assert!(
-        generic.contains(&"wdp:device-plugin/hostfs@0.1.1".to_string())
-            && generic.iter().all(|n| n.contains("@0.1.1")),
+        generic.contains(&"wdp:device-plugin/hostfs@0.1.2".to_string())
+            && generic.iter().all(|n| n.contains("@0.1.2")),
         "{generic:?}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_0_1_0_guest_and_0_1_1_guests_are_served_to_kubelet() {
+async fn a_0_1_0_guest_and_0_1_2_guests_are_served_to_kubelet() {
     let f = Fixture::new();
     f.char_dev("legacy/a", 10, 200)
         .char_dev("legacy/b", 10, 201)
@@ -126,7 +127,7 @@ async fn a_guest_of_another_line_is_refused_with_the_versions_spoken() {
     };
     assert!(err.contains("built for wdp:device-plugin@0.2.0"), "{err}");
     assert!(
-        err.contains("this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.1)"),
+        err.contains("this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.2)"),
         "{err}"
     );
 }
@@ -249,7 +250,7 @@ async fn batched_reads_and_listings_are_confined_like_single_ones() {
     );
 }
 
-/// Through `frontend: dra`: the 0.1.1 guest's typed attributes and capacities reach its
+/// Through `frontend: dra`: the 0.1.1 guest (notify-with-attributes)'s typed attributes and capacities reach its
 /// ResourceSlice (valid by the API server's rules), and the 0.1.0 guest is published beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attributes_reach_resource_slices_and_a_0_1_0_guest_is_published_too() {

@@ -708,7 +708,7 @@ fn components_implement_their_worlds_and_import_no_http() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(text.contains(world), "{}: {text}", component.display());
-        assert!(text.contains("wdp:device-plugin/devfs@0.1.1"), "{text}");
+        assert!(text.contains("wdp:device-plugin/devfs@0.1.2"), "{text}");
         assert!(
             !text.contains("wasi:http"),
             "{}: {text}",

@@ -21,6 +21,7 @@ mod authoring;
 mod book;
 mod catalogue;
 mod cdi_podman;
+mod changes;
 mod contract_minor;
 mod deploy;
 mod disk_faults;

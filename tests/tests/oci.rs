@@ -108,7 +108,7 @@ async fn push_pull_run_and_survive_the_registry_going_down() {
     ]));
     assert!(described.contains("world:    scanner"), "{described}");
     assert!(
-        described.contains("wdp:device-plugin/scanner@0.1.1"),
+        described.contains("wdp:device-plugin/scanner@0.1.2"),
         "{described}"
     );
     assert!(
@@ -188,7 +188,7 @@ fn tampered_wrong_digest_and_wrong_world_are_refused() {
     let err = failed(wdp_run_to_exit(&f, &config(&f, &registry, &hooks, "")));
     assert!(
         err.contains("world is not one this host runs")
-            && err.contains("wdp:device-plugin/scanner@0.1.1"),
+            && err.contains("wdp:device-plugin/scanner@0.1.2"),
         "{err}"
     );
 

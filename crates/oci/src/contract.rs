@@ -18,9 +18,10 @@ pub const PACKAGE: &str = "wdp:device-plugin";
 /// The contract version this host was built with (`wit/device-plugin.wit`'s `package` line).
 ///
 /// 0.1.1 added `hostfs` (listings with metadata and link targets, batched /sys reads) and
-/// `notifier.notify-with-attributes`; a guest built against 0.1.0 imports neither and links as
-/// before, since the host's 0.1.1 interfaces are a superset of 0.1.0's.
-pub const VERSION: &str = "0.1.1";
+/// `notifier.notify-with-attributes`; 0.1.2 added `notifier.notify-changes` (only what changed
+/// since the last notify). A guest built against an earlier version imports none of what came
+/// later and links as before, since each version's interfaces are a superset of the last's.
+pub const VERSION: &str = "0.1.2";
 
 /// What to do with a core wasm module, which the contract does not cover (only components speak
 /// it): said wherever one is refused, at pull and at load.
@@ -145,7 +146,7 @@ mod tests {
             );
             assert!(
                 text.contains(
-                    "this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.1)"
+                    "this host speaks wdp:device-plugin@0.1 (built with wdp:device-plugin@0.1.2)"
                 ),
                 "{text}"
             );

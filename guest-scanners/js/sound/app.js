@@ -18,8 +18,8 @@
 // * RESCAN_INTERVAL_MS (default 30000): longest wait between scans; `wait-for-change` wakes the
 //   scanner as soon as /dev changes.
 
-import { readDir, readLink, waitForChange } from 'wdp:device-plugin/devfs@0.1.1';
-import { notify } from 'wdp:device-plugin/notifier@0.1.1';
+import { readDir, readLink, waitForChange } from 'wdp:device-plugin/devfs@0.1.2';
+import { notify } from 'wdp:device-plugin/notifier@0.1.2';
 import { getEnvironment } from 'wasi:cli/environment@0.2.10';
 import * as sound from './sound.js';
 

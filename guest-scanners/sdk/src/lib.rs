@@ -1,7 +1,7 @@
 //! `wdp-guest`: the SDK for wdp device scanners and hooks written in Rust.
 //!
 //! A guest is a WebAssembly component (`cargo build --target wasm32-wasip2`) that implements one
-//! of the worlds of the WIT package `wdp:device-plugin@0.1.1` (see `wit/device-plugin.wit`). This
+//! of the worlds of the WIT package `wdp:device-plugin@0.1.2` (see `wit/device-plugin.wit`). This
 //! crate holds the wit-bindgen bindings for every world (sharing one set of types), the export
 //! macros, and the helpers a scanner needs so that it stays short:
 //!
@@ -15,7 +15,7 @@
 //! * [`notes`]: problems a scanner reports once per episode, not once per scan;
 //! * [`health`]: devices that vanish are reported Unhealthy until they come back;
 //! * [`tree`]: build [`DeviceInfo`] values and a [`DeviceTree`];
-//! * [`scan`]: the scan loop ([`run`]): scan, notify when the tree changed, wait for a change;
+//! * [`scan`]: the scan loop ([`run`]): scan, notify what changed, wait for a change;
 //! * [`config`] and [`json`]: read configuration from environment variables, with error messages
 //!   that name the variable, the value and what would be valid.
 //!
@@ -102,7 +102,7 @@ pub mod bindings {
             world: "post-allocator-plugin",
             additional_derives: [PartialEq, Eq],
             with: {
-                "wdp:device-plugin/types@0.1.1": crate::bindings::scanner::wdp::device_plugin::types,
+                "wdp:device-plugin/types@0.1.2": crate::bindings::scanner::wdp::device_plugin::types,
             },
             pub_export_macro: true,
             export_macro_name: "export",
@@ -117,7 +117,7 @@ pub mod bindings {
             world: "preferred-allocator-plugin",
             additional_derives: [PartialEq, Eq],
             with: {
-                "wdp:device-plugin/types@0.1.1": crate::bindings::scanner::wdp::device_plugin::types,
+                "wdp:device-plugin/types@0.1.2": crate::bindings::scanner::wdp::device_plugin::types,
             },
             pub_export_macro: true,
             export_macro_name: "export",
@@ -146,7 +146,7 @@ pub mod types {
 pub use types::{
     AttributeValue, ContainerAllocateRequest, ContainerAllocateResponse,
     ContainerPreferredAllocationRequest, Device, DeviceAttributes, DeviceGroup, DeviceInfo,
-    DeviceSpec, DeviceTree, Health, Mount,
+    DeviceSpec, DeviceTree, GroupChanges, Health, Mount,
 };
 
 /// The `scanner` export: `fn scan() -> Result<(), String>`, called once; loop inside (see [`run`]).
@@ -161,7 +161,7 @@ pub use bindings::preferred_allocator::exports::wdp::device_plugin::preferred_al
 /// The `pre-starter` export: answer kubelet's PreStartContainer.
 pub use bindings::pre_starter::exports::wdp::device_plugin::pre_starter::Guest as PreStarter;
 
-pub use scan::{notify, notify_with_attributes, run, run_attributed};
+pub use scan::{notify, notify_changes, notify_with_attributes, run, run_attributed};
 pub use tree::TreeBuilder;
 
 /// Exports a [`Scanner`] implementation as the component's `scanner` (world `scanner-plugin`).

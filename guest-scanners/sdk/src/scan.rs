@@ -4,9 +4,16 @@
 //! scanner would otherwise re-implement the same loop, and getting it subtly wrong (notifying an
 //! unchanged tree every few seconds, busy-looping, swallowing errors) costs the host work or hides
 //! failures. An error from one scan is returned as is: the host restarts the guest with backoff.
+//!
+//! After the first tree, the loop tells the host only what changed (`notify-changes`, contract
+//! 0.1.2: [`changes_between`]), so one device appearing among thousands costs the host that
+//! device; when the host answers that it does not hold the last tree, the loop notifies the
+//! whole tree.
+
+use std::collections::{HashMap, HashSet};
 
 use crate::config;
-use crate::types::{DeviceAttributes, DeviceTree};
+use crate::types::{DeviceAttributes, DeviceInfo, DeviceTree, GroupChanges};
 
 /// The environment variable that sets the longest wait between two scans, in milliseconds.
 pub const RESCAN_INTERVAL_ENV: &str = "RESCAN_INTERVAL_MS";
@@ -34,22 +41,164 @@ pub fn notify_with_attributes(tree: &DeviceTree, attributes: &[DeviceAttributes]
     crate::bindings::scanner::wdp::device_plugin::notifier::notify_with_attributes(tree, attributes)
 }
 
+/// Tells the host what changed since the last tree or changes notified (contract 0.1.2), with
+/// the typed attributes of changed devices. False when the host does not hold that tree (none
+/// notified yet, or it refused one since): notify the whole tree then. [`run`] calls this for
+/// you.
+pub fn notify_changes(changes: &[GroupChanges], attributes: &[DeviceAttributes]) -> bool {
+    crate::bindings::scanner::wdp::device_plugin::notifier::notify_changes(changes, attributes)
+}
+
 /// [`run`] for a scanner that describes its devices with typed attributes: `scan` returns the
-/// tree and the attributes (see [`crate::tree::attributes`]); both are notified again only when
-/// either changed.
+/// tree and the attributes (see [`crate::tree::attributes`]); what changed in either is
+/// notified.
 pub fn run_attributed(
-    mut scan: impl FnMut() -> Result<(DeviceTree, Vec<DeviceAttributes>), String>,
+    scan: impl FnMut() -> Result<(DeviceTree, Vec<DeviceAttributes>), String>,
 ) -> Result<(), String> {
     let interval = rescan_interval_ms()?;
+    run_telling(scan, &mut Host, || {
+        crate::devfs::wait_for_change(interval);
+        true
+    })
+}
+
+/// How the scan loop reaches the host: the whole tree, or what changed since the last one told.
+/// [`run_telling`] takes it as an argument so that the loop can be tested off wasm.
+pub trait Tell {
+    /// Replaces the host's tree (`notify`, or `notify-with-attributes` when there are any).
+    fn tree(&mut self, tree: &DeviceTree, attributes: &[DeviceAttributes]);
+    /// Changes the host's tree (`notify-changes`); false when the host does not hold the tree
+    /// they apply to.
+    fn changes(&mut self, changes: &[GroupChanges], attributes: &[DeviceAttributes]) -> bool;
+}
+
+/// The host, through the contract's `notifier`.
+pub struct Host;
+
+impl Tell for Host {
+    fn tree(&mut self, tree: &DeviceTree, attributes: &[DeviceAttributes]) {
+        if attributes.is_empty() {
+            notify(tree);
+        } else {
+            notify_with_attributes(tree, attributes);
+        }
+    }
+
+    fn changes(&mut self, changes: &[GroupChanges], attributes: &[DeviceAttributes]) -> bool {
+        notify_changes(changes, attributes)
+    }
+}
+
+/// The loop behind [`run`] and [`run_attributed`]: scans, tells `tell` the first tree whole and
+/// then only what changed (the whole tree again when a group went, when the tree breaks a rule
+/// the host checks, such as an id given twice, or when `tell` refuses the changes), and waits.
+/// `wait` returns false to stop the loop (then this returns Ok); an Err from `scan` is returned
+/// immediately.
+pub fn run_telling(
+    mut scan: impl FnMut() -> Result<(DeviceTree, Vec<DeviceAttributes>), String>,
+    tell: &mut impl Tell,
+    mut wait: impl FnMut() -> bool,
+) -> Result<(), String> {
     let mut last: Option<(DeviceTree, Vec<DeviceAttributes>)> = None;
     loop {
-        let scanned = scan()?;
-        if last.as_ref() != Some(&scanned) {
-            notify_with_attributes(&scanned.0, &scanned.1);
-            last = Some(scanned);
+        let (tree, attributes) = scan()?;
+        match &last {
+            Some((t, a)) if *t == tree && *a == attributes => {}
+            Some((t, a)) => match changes_between((t, a), (&tree, &attributes)) {
+                Some((changes, _)) if changes.is_empty() => {}
+                Some((changes, changed_attributes)) => {
+                    if !tell.changes(&changes, &changed_attributes) {
+                        tell.tree(&tree, &attributes);
+                    }
+                }
+                None => tell.tree(&tree, &attributes),
+            },
+            None => tell.tree(&tree, &attributes),
         }
-        crate::devfs::wait_for_change(interval);
+        last = Some((tree, attributes));
+        if !wait() {
+            return Ok(());
+        }
     }
+}
+
+/// Attributes entries by (dev-type, id); `None` when one is given twice.
+fn by_device(
+    attributes: &[DeviceAttributes],
+) -> Option<HashMap<(String, String), &DeviceAttributes>> {
+    let mut map = HashMap::with_capacity(attributes.len());
+    for a in attributes {
+        if map.insert((a.dev_type.clone(), a.id.clone()), a).is_some() {
+            return None;
+        }
+    }
+    Some(map)
+}
+
+/// What changed from the tree `last` to `new`, each with its attributes: per group of `new`,
+/// the devices that appeared or whose information or attributes changed, and the ids that went
+/// (a group that appeared is listed with all its devices), with the attributes entries of the
+/// changed devices. Empty when only the order changed. `None` when changes cannot say it: a group
+/// of `last` is gone, or `new` gives a dev-type, a device id or an attributes entry twice, or
+/// attributes for a device it does not have (the host refuses such a tree whole, so it is
+/// notified whole).
+pub fn changes_between(
+    last: (&DeviceTree, &[DeviceAttributes]),
+    new: (&DeviceTree, &[DeviceAttributes]),
+) -> Option<(Vec<GroupChanges>, Vec<DeviceAttributes>)> {
+    let last_attributes = by_device(last.1)?;
+    let mut new_attributes = by_device(new.1)?;
+    let old: HashMap<&str, &Vec<crate::types::Device>> = last
+        .0
+        .iter()
+        .map(|g| (g.dev_type.as_str(), &g.devices))
+        .collect();
+    let mut types = HashSet::with_capacity(new.0.len());
+    let mut changes = Vec::new();
+    let mut changed_attributes = Vec::new();
+    for group in new.0 {
+        if !types.insert(group.dev_type.as_str()) {
+            return None;
+        }
+        let before: HashMap<&str, &DeviceInfo> = old
+            .get(group.dev_type.as_str())
+            .into_iter()
+            .flat_map(|devices| devices.iter().map(|d| (d.id.as_str(), &d.info)))
+            .collect();
+        let mut ids = HashSet::with_capacity(group.devices.len());
+        let mut changed = Vec::new();
+        for device in &group.devices {
+            if !ids.insert(device.id.as_str()) {
+                return None;
+            }
+            let key = (group.dev_type.clone(), device.id.clone());
+            let attributes = new_attributes.remove(&key);
+            let same = before.get(device.id.as_str()) == Some(&&device.info)
+                && last_attributes.get(&key).copied() == attributes;
+            if !same {
+                changed.push(device.clone());
+                changed_attributes.extend(attributes.cloned());
+            }
+        }
+        let removed: Vec<String> = before
+            .keys()
+            .filter(|id| !ids.contains(*id))
+            .map(|id| id.to_string())
+            .collect();
+        if !(changed.is_empty() && removed.is_empty() && old.contains_key(group.dev_type.as_str()))
+        {
+            changes.push(GroupChanges {
+                dev_type: group.dev_type.clone(),
+                changed,
+                removed,
+            });
+        }
+    }
+    // Attributes left name no device of the tree; a group of the last tree is gone.
+    if !new_attributes.is_empty() || old.keys().any(|t| !types.contains(t)) {
+        return None;
+    }
+    Some((changes, changed_attributes))
 }
 
 /// Remembers the last tree notified and says whether a new one differs from it.
@@ -96,7 +245,7 @@ pub fn run_with(
 }
 
 /// Runs a scanner forever: calls `scan`, notifies the host when the tree differs from the last
-/// one notified (always the first time), then waits with `devfs::wait-for-change` for at most
+/// one notified (the whole tree the first time, then what changed: [`run_telling`]), then waits with `devfs::wait-for-change` for at most
 /// `RESCAN_INTERVAL_MS` (default 30000) before scanning again. Returns only an error: from
 /// `scan`, or for a bad `RESCAN_INTERVAL_MS`.
 ///
@@ -107,12 +256,16 @@ pub fn run_with(
 ///     }
 /// }
 /// ```
-pub fn run(scan: impl FnMut() -> Result<DeviceTree, String>) -> Result<(), String> {
+pub fn run(mut scan: impl FnMut() -> Result<DeviceTree, String>) -> Result<(), String> {
     let interval = rescan_interval_ms()?;
-    run_with(scan, notify, || {
-        crate::devfs::wait_for_change(interval);
-        true
-    })
+    run_telling(
+        || Ok((scan()?, Vec::new())),
+        &mut Host,
+        || {
+            crate::devfs::wait_for_change(interval);
+            true
+        },
+    )
 }
 
 #[cfg(test)]
@@ -169,6 +322,154 @@ mod tests {
         assert_eq!(r, Err("boom".to_string()));
         assert_eq!(notified, [tree(&["a"]), tree(&["a", "b"])]);
         assert_eq!(waits, 3);
+    }
+
+    /// What a loop told, in order; `changes` answers each change with the next of `answers`.
+    #[derive(Default)]
+    struct Told {
+        said: Vec<String>,
+        answers: Vec<bool>,
+    }
+
+    impl Tell for Told {
+        fn tree(&mut self, tree: &DeviceTree, attributes: &[DeviceAttributes]) {
+            let ids: Vec<&str> = tree
+                .iter()
+                .flat_map(|g| g.devices.iter().map(|d| d.id.as_str()))
+                .collect();
+            self.said
+                .push(format!("tree {} +{}", ids.join(","), attributes.len()));
+        }
+
+        fn changes(&mut self, changes: &[GroupChanges], attributes: &[DeviceAttributes]) -> bool {
+            let list = |ids: Vec<&str>| ids.join(",");
+            for g in changes {
+                self.said.push(format!(
+                    "{}: changed {} removed {} +{}",
+                    g.dev_type,
+                    list(g.changed.iter().map(|d| d.id.as_str()).collect()),
+                    list(g.removed.iter().map(String::as_str).collect()),
+                    attributes.len()
+                ));
+            }
+            if self.answers.is_empty() {
+                true
+            } else {
+                self.answers.remove(0)
+            }
+        }
+    }
+
+    /// A group as a guest may give it: ids as listed, twice if so.
+    fn group(dev_type: &str, ids: &[&str]) -> crate::types::DeviceGroup {
+        crate::types::DeviceGroup {
+            dev_type: dev_type.into(),
+            devices: ids
+                .iter()
+                .map(|id| crate::types::Device {
+                    id: id.to_string(),
+                    info: DeviceInfo::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn attrs(id: &str, model: &str) -> DeviceAttributes {
+        crate::tree::attributes("t", id)
+            .text("model", model)
+            .build()
+    }
+
+    #[test]
+    fn changes_say_what_changed_and_only_that() {
+        let last = vec![group("t", &["a", "b", "c"]), group("u", &["x"])];
+        let mut new = vec![group("t", &["c", "b", "d"]), group("u", &["x"])];
+        // b changes health; a goes; d comes; c only moves; u is unchanged.
+        new[0].devices[1].info.health = crate::Health::Unhealthy;
+        let (changes, attributes) = changes_between((&last, &[]), (&new, &[])).unwrap();
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let ids: Vec<&str> = changes[0].changed.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!((changes[0].dev_type.as_str(), ids), ("t", vec!["b", "d"]));
+        assert_eq!(changes[0].removed, ["a"]);
+        assert!(attributes.is_empty());
+        // Only the order changed: nothing to say.
+        let reordered = vec![group("u", &["x"]), group("t", &["c", "b", "a"])];
+        let (changes, _) = changes_between((&last, &[]), (&reordered, &[])).unwrap();
+        assert!(changes.is_empty(), "{changes:?}");
+        // A new group comes whole, even empty.
+        let more = vec![
+            group("t", &["a", "b", "c"]),
+            group("u", &["x"]),
+            group("v", &[]),
+        ];
+        let (changes, _) = changes_between((&last, &[]), (&more, &[])).unwrap();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].dev_type, "v");
+    }
+
+    #[test]
+    fn attributes_changes_carry_their_device() {
+        let last = vec![group("t", &["a", "b"])];
+        let (changes, attributes) = changes_between(
+            (&last, &[attrs("a", "x"), attrs("b", "x")]),
+            (&last, &[attrs("a", "y"), attrs("b", "x")]),
+        )
+        .unwrap();
+        let ids: Vec<&str> = changes[0].changed.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["a"]);
+        assert_eq!(attributes, [attrs("a", "y")]);
+    }
+
+    #[test]
+    fn what_changes_cannot_say_goes_whole() {
+        let last = vec![group("t", &["a"]), group("u", &["x"])];
+        // A group gone, an id twice, a dev-type twice, attributes of no device.
+        let gone = vec![group("t", &["a"])];
+        let twice = vec![group("t", &["a", "a"]), group("u", &["x"])];
+        let types_twice = vec![group("t", &["a"]), group("u", &["x"]), group("t", &["b"])];
+        for new in [&gone, &twice, &types_twice] {
+            assert!(
+                changes_between((&last, &[]), (new, &[])).is_none(),
+                "{new:?}"
+            );
+        }
+        assert!(changes_between((&last, &[]), (&last, &[attrs("zz", "m")])).is_none());
+    }
+
+    #[test]
+    fn the_loop_tells_the_first_tree_whole_then_changes_and_falls_back() {
+        let scans = [
+            tree(&["a"]),
+            tree(&["a", "b"]),
+            tree(&["a", "b"]),
+            tree(&["b"]),
+            tree(&["b", "c"]),
+        ];
+        let i = std::cell::Cell::new(0);
+        // The host takes the first changes, refuses the second (it refused a tree meanwhile).
+        let mut told = Told {
+            answers: vec![true, false],
+            ..Told::default()
+        };
+        let r = run_telling(
+            || {
+                i.set(i.get() + 1);
+                Ok((scans[i.get() - 1].clone(), Vec::new()))
+            },
+            &mut told,
+            || i.get() < scans.len(),
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            told.said,
+            [
+                "tree a +0",
+                "t: changed b removed  +0",
+                "t: changed  removed a +0",
+                "tree b +0",
+                "t: changed c removed  +0",
+            ]
+        );
     }
 
     #[test]

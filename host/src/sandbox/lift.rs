@@ -1,10 +1,10 @@
-//! `notifier.notify` and `notify-with-attributes`, lifted by the host within the guest's memory
-//! limit.
+//! `notifier.notify`, `notify-with-attributes` and `notify-changes`, lifted by the host within
+//! the guest's memory limit.
 //!
 //! wasmtime's generated bindings lift a call's arguments into host `String`s and `Vec`s before
 //! the host function runs, copying every string on its own. A list entry is a pointer and a
 //! length, so a guest can point a million entries at the same 64 KiB of its memory: its 16 MiB
-//! would become 64 GB of host strings before any rule looks. So both functions are shadowed in
+//! would become 64 GB of host strings before any rule looks. So these functions are shadowed in
 //! the linker with ones that take lazy handles into guest memory ([`WasmList`], [`WasmStr`]) and
 //! copy out of them piece by piece, charging each allocation, as [`crate::footprint`] counts it,
 //! against the guest's memory limit *before* making it. A tree that would exceed it is never
@@ -20,8 +20,9 @@ use super::state::Stopped;
 use crate::bindings::types;
 use crate::footprint::heap;
 
-/// The notifier instance the host defines; guests importing 0.1.0 are matched to it by semver.
-const NOTIFIER: &str = "wdp:device-plugin/notifier@0.1.1";
+/// The notifier instance the host defines; guests importing 0.1.0 or 0.1.1 are matched to it by
+/// semver.
+const NOTIFIER: &str = "wdp:device-plugin/notifier@0.1.2";
 
 #[derive(ComponentType, Lift)]
 #[component(record)]
@@ -29,6 +30,15 @@ struct RawGroup {
     #[component(name = "dev-type")]
     dev_type: WasmStr,
     devices: WasmList<RawDevice>,
+}
+
+#[derive(ComponentType, Lift)]
+#[component(record)]
+struct RawGroupChanges {
+    #[component(name = "dev-type")]
+    dev_type: WasmStr,
+    changed: WasmList<RawDevice>,
+    removed: WasmList<WasmStr>,
 }
 
 #[derive(ComponentType, Lift)]
@@ -96,8 +106,8 @@ enum RawValue {
     Version(WasmStr),
 }
 
-/// Shadows the generated `notify` and `notify-with-attributes` in `linker` (which already has
-/// the scanner world linked).
+/// Shadows the generated `notify`, `notify-with-attributes` and `notify-changes` in `linker`
+/// (which already has the scanner world linked).
 pub fn install(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
     let mut instance = linker.instance(NOTIFIER)?;
@@ -113,6 +123,16 @@ pub fn install(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
             Box::new(async move {
                 let (tree, attributes, bytes) = lift(&mut store, &tree, Some(&attributes))?;
                 store.data_mut().notified(tree, attributes, bytes).await
+            })
+        },
+    )?;
+    instance.func_wrap_async(
+        "notify-changes",
+        |mut store, (changes, attributes): (WasmList<RawGroupChanges>, WasmList<RawAttributes>)| {
+            Box::new(async move {
+                let (changes, attributes, bytes) = lift_changes(&mut store, &changes, &attributes)?;
+                let applied = store.data_mut().changed(changes, attributes, bytes).await?;
+                Ok((applied,))
             })
         },
     )?;
@@ -150,28 +170,67 @@ fn lift(
     let tree = list(store, &mut charge, tree, |s, c, g| {
         Ok(types::DeviceGroup {
             dev_type: text(s, c, &g.dev_type)?,
-            devices: list(s, c, &g.devices, |s, c, d| {
-                Ok(types::Device {
-                    id: text(s, c, &d.id)?,
-                    info: info(s, c, &d.info)?,
-                })
-            })?,
+            devices: list(s, c, &g.devices, device)?,
         })
     })?;
     let attributes = match attributes {
         None => Vec::new(),
-        Some(attributes) => list(store, &mut charge, attributes, |s, c, a| {
-            Ok(types::DeviceAttributes {
-                dev_type: text(s, c, &a.dev_type)?,
-                id: text(s, c, &a.id)?,
-                attributes: list(s, c, &a.attributes, |s, c, (name, value)| {
-                    Ok((text(s, c, &name)?, self::value(s, c, &value)?))
-                })?,
-                capacities: pairs(s, c, &a.capacities)?,
-            })
-        })?,
+        Some(attributes) => device_attributes(store, &mut charge, attributes)?,
     };
     Ok((tree, attributes, charge.spent))
+}
+
+/// A guest's changes and their attributes, and what their host form was charged.
+fn lift_changes(
+    store: Store<'_, '_>,
+    changes: &WasmList<RawGroupChanges>,
+    attributes: &WasmList<RawAttributes>,
+) -> wasmtime::Result<(
+    Vec<types::GroupChanges>,
+    Vec<types::DeviceAttributes>,
+    usize,
+)> {
+    let max = usize::try_from(store.data().guest.limits.memory).unwrap_or(usize::MAX);
+    let mut charge = Charge { spent: 0, max };
+    charge
+        .take(size_of::<Vec<types::GroupChanges>>() + size_of::<Vec<types::DeviceAttributes>>())?;
+    let changes = list(store, &mut charge, changes, |s, c, g| {
+        Ok(types::GroupChanges {
+            dev_type: text(s, c, &g.dev_type)?,
+            changed: list(s, c, &g.changed, device)?,
+            removed: list(s, c, &g.removed, |s, c, id| text(s, c, &id))?,
+        })
+    })?;
+    let attributes = device_attributes(store, &mut charge, attributes)?;
+    Ok((changes, attributes, charge.spent))
+}
+
+fn device(
+    store: Store<'_, '_>,
+    charge: &mut Charge,
+    raw: RawDevice,
+) -> wasmtime::Result<types::Device> {
+    Ok(types::Device {
+        id: text(store, charge, &raw.id)?,
+        info: info(store, charge, &raw.info)?,
+    })
+}
+
+fn device_attributes(
+    store: Store<'_, '_>,
+    charge: &mut Charge,
+    raw: &WasmList<RawAttributes>,
+) -> wasmtime::Result<Vec<types::DeviceAttributes>> {
+    list(store, charge, raw, |s, c, a| {
+        Ok(types::DeviceAttributes {
+            dev_type: text(s, c, &a.dev_type)?,
+            id: text(s, c, &a.id)?,
+            attributes: list(s, c, &a.attributes, |s, c, (name, value)| {
+                Ok((text(s, c, &name)?, self::value(s, c, &value)?))
+            })?,
+            capacities: pairs(s, c, &a.capacities)?,
+        })
+    })
 }
 
 /// Copies a list out, its array charged before it is allocated.

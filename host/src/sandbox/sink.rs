@@ -10,7 +10,7 @@ use crate::bindings::types;
 
 /// The receiving end of a guest's `notify` calls.
 ///
-/// One method, called once per notified tree, in order. The future may wait: that back-pressures
+/// Called once per notified tree or set of changes, in order. The future may wait: that back-pressures
 /// a guest that notifies faster than the host consumes, without the sandbox knowing why.
 pub trait TreeSink: Send {
     /// Takes one tree and the typed attributes the guest gave for its devices (none from
@@ -24,6 +24,16 @@ pub trait TreeSink: Send {
         attributes: Vec<types::DeviceAttributes>,
         bytes: usize,
     ) -> BoxFuture<'_, Result<(), SinkClosed>>;
+
+    /// Takes one call's changes (`notify-changes`) with `bytes`, what they were charged as they
+    /// were lifted. True when they are taken; false when the sink holds no tree they apply to
+    /// (the guest is to notify its whole tree), and then they are dropped.
+    fn changes(
+        &mut self,
+        changes: Vec<types::GroupChanges>,
+        attributes: Vec<types::DeviceAttributes>,
+        bytes: usize,
+    ) -> BoxFuture<'_, Result<bool, SinkClosed>>;
 }
 
 /// The sink's reader is gone: the guest is stopped, since its trees would go nowhere.

@@ -255,6 +255,16 @@ impl notifier::Host for GuestState {
         let bytes = crate::footprint::lifted_bytes(&tree, &attributes);
         self.notified(tree, attributes, bytes).await
     }
+
+    /// Not reached from a guest (`super::lift` shadows it), as `notify_with_attributes`.
+    async fn notify_changes(
+        &mut self,
+        changes: Vec<types::GroupChanges>,
+        attributes: Vec<types::DeviceAttributes>,
+    ) -> wasmtime::Result<bool> {
+        let bytes = crate::footprint::changes_bytes(&changes, &attributes);
+        self.changed(changes, attributes, bytes).await
+    }
 }
 
 impl GuestState {
@@ -277,6 +287,31 @@ impl GuestState {
             .map_err(|_| Stopped::SinkClosed)?;
         self.cpu.check_in();
         Ok(())
+    }
+
+    /// Changes lifted out of the guest, their host form charged at `bytes`: handed to the sink,
+    /// which says whether it holds the tree they apply to.
+    pub(crate) async fn changed(
+        &mut self,
+        changes: Vec<types::GroupChanges>,
+        attributes: Vec<types::DeviceAttributes>,
+        bytes: usize,
+    ) -> wasmtime::Result<bool> {
+        let _waiting = self.clock.waiting();
+        self.cpu.check_in();
+        let Some(sink) = &mut self.sink else {
+            tracing::warn!(
+                scanner = &*self.guest.name,
+                "a hook called notify-changes; ignored"
+            );
+            return Ok(false);
+        };
+        let applied = sink
+            .changes(changes, attributes, bytes)
+            .await
+            .map_err(|_| Stopped::SinkClosed)?;
+        self.cpu.check_in();
+        Ok(applied)
     }
 
     /// Runs a filesystem host call off the async workers, within the scanner's call-timeout

@@ -145,7 +145,6 @@ impl Budget {
 }
 
 /// The host memory a validated tree holds, as validation charged it while building it.
-#[cfg(test)]
 pub(crate) fn validated_bytes(tree: &super::DeviceTree) -> usize {
     use super::DeviceGroup;
     tree.0

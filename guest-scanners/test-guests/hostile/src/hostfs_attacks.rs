@@ -119,7 +119,7 @@ fn slow_preopen_reads() -> Result<(), String> {
 // The raw canonical-ABI import behind `hostfs.read-files(list<string>)`: (pointer, length, the
 // return area).
 #[cfg(target_arch = "wasm32")]
-#[link(wasm_import_module = "wdp:device-plugin/hostfs@0.1.1")]
+#[link(wasm_import_module = "wdp:device-plugin/hostfs@0.1.2")]
 unsafe extern "C" {
     #[link_name = "read-files"]
     fn raw_read_files(paths: *const u8, len: usize, ret: *mut u8);

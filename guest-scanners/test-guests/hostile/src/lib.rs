@@ -25,6 +25,8 @@
 //!   policy through `notify-with-attributes`, in [`output_attacks`].
 //! * `lift-alias`, `read-alias`: attacks on how the host copies arguments out of the guest, in
 //!   [`lift_attacks`].
+//! * `changes-out-of-step`, `changes-flood`, `changes-alias`: attacks through `notify-changes`
+//!   (contract 0.1.2), in [`changes_attacks`].
 
 mod hostfs_attacks;
 
@@ -34,11 +36,12 @@ use std::hint::black_box;
 use std::io::{Read, Write};
 use wdp_guest::{DeviceInfo, DeviceTree, TreeBuilder, config, devfs, notify};
 
+pub mod changes_attacks;
 pub mod lift_attacks;
 pub mod output_attacks;
 
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 17] = [
+pub const ATTACKS: [&str; 20] = [
     "probe",
     "memory",
     "spin",
@@ -56,6 +59,9 @@ pub const ATTACKS: [&str; 17] = [
     "many-devices",
     "lift-alias",
     "read-alias",
+    "changes-out-of-step",
+    "changes-flood",
+    "changes-alias",
 ];
 
 /// The paths `batch-probe` reads in one `read-files` call: every way out of /sys a single read
@@ -361,7 +367,7 @@ pub fn bad_tree(kind: &str) -> DeviceTree {
 
 // The raw canonical-ABI import behind `notifier.notify(list<device-group>)`: (pointer, length).
 #[cfg(target_arch = "wasm32")]
-#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.1")]
+#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.2")]
 unsafe extern "C" {
     #[link_name = "notify"]
     fn raw_notify(groups: *const u8, len: usize);
@@ -580,6 +586,7 @@ impl wdp_guest::Scanner for Hostile {
             }
             a if output_attacks::OUTPUT_ATTACKS.contains(&a) => output_attacks::run(a),
             a if lift_attacks::LIFT_ATTACKS.contains(&a) => lift_attacks::run(a),
+            a if changes_attacks::CHANGES_ATTACKS.contains(&a) => changes_attacks::run(a),
             "notify-then-spin" => {
                 notify(&single("before", "x"));
                 spin()

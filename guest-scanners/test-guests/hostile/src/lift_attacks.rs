@@ -20,7 +20,7 @@ pub const LIFT_ATTACKS: [&str; 2] = ["lift-alias", "read-alias"];
 
 // The raw canonical-ABI import behind `notifier.notify(list<device-group>)`: (pointer, length).
 #[cfg(target_arch = "wasm32")]
-#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.1")]
+#[link(wasm_import_module = "wdp:device-plugin/notifier@0.1.2")]
 unsafe extern "C" {
     #[link_name = "notify"]
     fn raw_notify(groups: *const u8, len: usize);
@@ -29,7 +29,7 @@ unsafe extern "C" {
 // The raw canonical-ABI import behind `hostfs.read-files(list<string>)`: (pointer, length, the
 // return area).
 #[cfg(target_arch = "wasm32")]
-#[link(wasm_import_module = "wdp:device-plugin/hostfs@0.1.1")]
+#[link(wasm_import_module = "wdp:device-plugin/hostfs@0.1.2")]
 unsafe extern "C" {
     #[link_name = "read-files"]
     fn raw_read_files(paths: *const u8, len: usize, ret: *mut u8);
@@ -53,20 +53,27 @@ pub fn run(attack: &str) -> Result<(), String> {
     }
 }
 
+/// A device record `a` whose `cdi-devices` are `cdi`, as the canonical ABI lays it out: id, then
+/// device-info (health, nodes, mounts, envs, annotations, numa-nodes: option<list<u32>>,
+/// cdi-devices), 64 bytes.
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn aliased_device(cdi: &[[u32; 2]]) -> [u32; 16] {
+    let id: &'static str = "a";
+    let mut device = [0u32; 16];
+    device[0] = id.as_ptr() as u32;
+    device[1] = id.len() as u32;
+    device[14] = cdi.as_ptr() as u32;
+    device[15] = cdi.len() as u32;
+    device
+}
+
 #[cfg(target_arch = "wasm32")]
 fn alias(entries: usize, bytes: usize) {
     use std::hint::black_box;
     let text = "a".repeat(bytes);
     // Every entry of `cdi-devices` is (pointer, length) of the same string.
     let cdi: Vec<[u32; 2]> = vec![[text.as_ptr() as u32, text.len() as u32]; entries];
-    let id = "a";
-    // A device record: id, then device-info (health, nodes, mounts, envs, annotations,
-    // numa-nodes: option<list<u32>>, cdi-devices), 64 bytes.
-    let mut device = [0u32; 16];
-    device[0] = id.as_ptr() as u32;
-    device[1] = id.len() as u32;
-    device[14] = cdi.as_ptr() as u32;
-    device[15] = cdi.len() as u32;
+    let device = aliased_device(&cdi);
     let dev_type = "alias";
     let group: [u32; 4] = [
         dev_type.as_ptr() as u32,
