@@ -171,10 +171,17 @@ pub fn changes_between(
             if !ids.insert(device.id.as_str()) {
                 return None;
             }
-            let key = (group.dev_type.clone(), device.id.clone());
-            let attributes = new_attributes.remove(&key);
-            let same = before.get(device.id.as_str()) == Some(&&device.info)
-                && last_attributes.get(&key).copied() == attributes;
+            // Keys are made only where there are attributes: most trees have none.
+            let (was, attributes) = if last_attributes.is_empty() && new_attributes.is_empty() {
+                (None, None)
+            } else {
+                let key = (group.dev_type.clone(), device.id.clone());
+                (
+                    last_attributes.get(&key).copied(),
+                    new_attributes.remove(&key),
+                )
+            };
+            let same = before.get(device.id.as_str()) == Some(&&device.info) && was == attributes;
             if !same {
                 changed.push(device.clone());
                 changed_attributes.extend(attributes.cloned());
