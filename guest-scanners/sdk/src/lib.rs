@@ -54,7 +54,7 @@
 //!
 //! Off wasm (for `cargo test` on the build machine) every host import is an `unreachable!()` stub:
 //! keep the logic worth testing in plain functions that take their inputs as arguments, as the
-//! helpers here do (e.g. [`pathglob::glob_with`], [`scan::ChangeFilter`], [`config::parse_u32`]).
+//! helpers here do (e.g. [`pathglob::glob_with`], [`scan::changes_between`], [`config::parse_u32`]).
 //! A scan that reads the machine takes `&impl` [`hostfs::HostFs`]: [`hostfs::Host`] in the guest,
 //! a [`hostfs::FakeFs`] describing the machine in its unit tests.
 
