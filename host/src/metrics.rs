@@ -73,8 +73,8 @@ pub struct ScannerMetrics {
     pub trees_accepted: Counter,
     /// Trees refused as a whole.
     pub trees_refused: Counter,
-    /// Notified trees replaced by a later one before they were validated: a burst of notifies
-    /// reaches kubelet as its latest tree.
+    /// Notified trees replaced by a later one, and notified changes merged into pending ones,
+    /// before they were validated: a burst of notifies reaches kubelet as its latest tree.
     pub notifies_coalesced: Counter,
     /// Times the guest failed and was (or would have been) restarted.
     pub failures: Counter,
@@ -470,7 +470,7 @@ fn scanner_families(
     family(
         e,
         "scanner_notifies_coalesced",
-        "Notified trees replaced by a later one of the same burst before validation (a scanner's trees reach kubelet at most every 100 ms, the latest winning).",
+        "Notified trees replaced by a later one of the same burst, and notified changes merged into pending ones, before validation (a scanner's trees reach kubelet at most every 100 ms, the latest winning).",
         None,
         by(|m| &m.notifies_coalesced),
     )?;
