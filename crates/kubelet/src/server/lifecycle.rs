@@ -260,6 +260,8 @@ async fn register_until_done<P: ResourcePlugin>(
     // What was last said about this registration: a condition that lasts is logged once, a new
     // one (another reason from kubelet) again.
     let mut said: Option<String> = gone.then(|| NOT_LISTENING.to_owned());
+    // Whether the last dial was refused by a socket that listened right after it.
+    let mut dial_refused_once = false;
     loop {
         if socket_inode(&resource.socket) != Some(inode) {
             return Registration::SocketGone;
@@ -306,6 +308,14 @@ async fn register_until_done<P: ResourcePlugin>(
                         said = Some(NOT_LISTENING.to_owned());
                     }
                     tracing::debug!(resource = %resource.name, error = %e, "registration failed");
+                }
+                // The dial was refused, yet the socket listens now: a starting kubelet binds its
+                // socket (which woke us) before it listens, and the dial fell between the two.
+                // An ordinary restart, retried after the short delay; only a second such refusal
+                // in a row is a failure.
+                Err(RegisterError::Connect { .. }) if !dial_refused_once => {
+                    dial_refused_once = true;
+                    tracing::debug!(resource = %resource.name, "kubelet's socket listens only now; registering again");
                 }
                 Err(e) => {
                     let reason = match &e {
