@@ -84,8 +84,7 @@ impl Slot {
 }
 
 /// A coalescing pair for one scanner instance: the sink its store is given, and the supervisor's
-/// end.
-/// Pending changes are held to `memory`, the guest's memory limit.
+/// end. Pending changes are held to `memory`, the guest's memory limit.
 pub fn coalescing(metrics: Arc<ScannerMetrics>, memory: usize) -> (NotifySink, Latest) {
     coalescing_every(NOTIFY_INTERVAL, metrics, memory)
 }

@@ -159,6 +159,11 @@ fn checked(validator: &mut Validator, latest: &mut Latest, pending: Pending) -> 
             checked
         }
     };
+    event(checked)
+}
+
+/// A validated tree as an event, or its refusal.
+fn event(checked: Result<DeviceTree, OutputError>) -> ScannerEvent {
     match checked {
         Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
         Err(e) => ScannerEvent::Refused(e),
@@ -172,10 +177,7 @@ impl TreeSink for EventSink {
         attributes: Vec<wit::DeviceAttributes>,
         bytes: usize,
     ) -> BoxFuture<'_, Result<(), SinkClosed>> {
-        let event = match self.validator.check_lifted(tree, attributes, bytes) {
-            Ok(tree) => ScannerEvent::Tree(Arc::new(tree)),
-            Err(e) => ScannerEvent::Refused(e),
-        };
+        let event = event(self.validator.check_lifted(tree, attributes, bytes));
         Box::pin(async move { self.events.send(event).await.map_err(|_| SinkClosed) })
     }
 
