@@ -94,3 +94,43 @@ async fn a_flood_of_changes_is_held_to_the_guest_memory() {
         "{refused:?}"
     );
 }
+
+/// `devfs.read-dir-changes` asked with versions the host never gave for the directory (another
+/// directory's, one ahead, forged) answers the whole listing, never a part nor another
+/// directory's entries; paths out of /dev are refused as `read-dir` refuses them; and asked with
+/// the version it gave, it answers exactly the node made since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_changes_answer_only_what_the_host_can_vouch_for() {
+    let f = Fixture::new();
+    for i in 0..20 {
+        f.char_dev(&format!("bulk/d{i}"), 240, i);
+    }
+    f.char_dev("other/o0", 240, 100).dev_link("escape", "/etc");
+    let sandbox = sandbox(&f);
+    let mut guest = run_guest(
+        &sandbox,
+        "hostile",
+        &[("ATTACK", "dir-changes")],
+        GuestLimits::default(),
+        RestartPolicy::Never,
+    )
+    .await;
+    let report = guest.next_tree().await;
+    let probes = &report.0["report"]["r"].annotations;
+    for probe in ["other-directory", "ahead", "forged-number", "max", "one"] {
+        assert_eq!(probes[probe], "whole", "{probe}");
+    }
+    for probe in ["dotdot", "outside", "escape-link"] {
+        assert!(
+            probes[probe].starts_with("denied: "),
+            "{probe}: {}",
+            probes[probe]
+        );
+    }
+    f.char_dev("bulk/d20", 240, 20);
+    let delta = guest.next_tree().await;
+    assert_eq!(
+        delta.0["report"]["delta"].annotations["delta"],
+        "whole=false changed=d20 removed="
+    );
+}

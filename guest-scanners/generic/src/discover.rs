@@ -13,7 +13,7 @@
 //! in the tree, with zero devices when nothing matches. Within a type the first device with an id
 //! wins.
 
-use crate::config::{DeviceType, Group, PathType, UsbSpec};
+use crate::config::{DeviceType, Group, PathSpec, PathType, UsbSpec};
 use wdp_guest::hostfs::HostFs;
 use wdp_guest::tree::{id_from_path, sanitize_id};
 use wdp_guest::usb::{self, UsbDevice};
@@ -91,13 +91,6 @@ fn path_devices(group: &Group, fs: &impl HostFs) -> Vec<(String, DeviceInfo)> {
             let n = matches.len();
             // i < length <= n * limit, so there are matches
             let j = i % n;
-            let mut container = spec
-                .mount_path
-                .clone()
-                .unwrap_or_else(|| matches[j].clone());
-            if container.ends_with('/') {
-                container.push_str(basename(&matches[j]));
-            }
             let part = id_from_path(&matches[j]);
             if id.is_empty() {
                 id = part;
@@ -112,14 +105,23 @@ fn path_devices(group: &Group, fs: &impl HostFs) -> Vec<(String, DeviceInfo)> {
             } else {
                 matches[j].clone()
             };
-            info = match spec.kind {
-                PathType::Device => info.node(host, container, spec.permissions.clone()),
-                PathType::Mount => info.mount(host, container, spec.read_only),
-            };
+            info = with_path(info, spec, host);
         }
         devices.push((id, info));
     }
     devices
+}
+
+/// `info` with the match `host` of path `spec` added: a device node, or a mount.
+pub fn with_path(info: DeviceInfo, spec: &PathSpec, host: String) -> DeviceInfo {
+    let mut container = spec.mount_path.clone().unwrap_or_else(|| host.clone());
+    if container.ends_with('/') {
+        container.push_str(basename(&host));
+    }
+    match spec.kind {
+        PathType::Device => info.node(host, container, spec.permissions.clone()),
+        PathType::Mount => info.mount(host, container, spec.read_only),
+    }
 }
 
 /// The one device of a group's `usb` specs (before `count`), if any attached device matches.

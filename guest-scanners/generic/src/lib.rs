@@ -9,8 +9,8 @@
 
 pub mod config;
 pub mod discover;
+pub mod live;
 
-use wdp_guest::DeviceTree;
 use wdp_guest::hostfs::Host;
 
 struct Generic;
@@ -19,7 +19,7 @@ impl wdp_guest::Scanner for Generic {
     fn scan() -> Result<(), String> {
         let types =
             config::parse_devices(wdp_guest::config::env_var(config::DEVICES_ENV).as_deref())?;
-        wdp_guest::run(|| -> Result<DeviceTree, String> { Ok(discover::discover(&types, &Host)) })
+        wdp_guest::scan::run_incremental(&mut live::Live::new(types, Host))
     }
 }
 

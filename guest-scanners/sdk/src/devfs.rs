@@ -11,11 +11,19 @@ use crate::pathglob::{self, DirSource};
 use crate::reads::{HostFs, ReadError};
 
 pub use crate::pathglob::Match;
-pub use raw::{Node, NodeKind};
+pub use raw::{DirChanges, Node, NodeKind};
 
 /// Lists a directory under /dev (sorted by name). Errors name the path and the cause.
 pub fn read_dir(path: &str) -> Result<Vec<Node>, String> {
     raw::read_dir(path)
+}
+
+/// What changed in a directory under /dev since the answer that carried version `since` (0 for
+/// the first call): the entries made, changed and removed since, or the whole listing when the
+/// host cannot vouch for that version (contract 0.1.2). [`crate::keptglob::KeptGlob`] keeps a
+/// glob's matches with it.
+pub fn read_dir_changes(path: &str, since: u64) -> Result<DirChanges, String> {
+    raw::read_dir_changes(path, since)
 }
 
 /// Describes one entry under /dev without following a final symlink.
@@ -51,6 +59,9 @@ impl DirSource for Devfs {
     }
     fn stat(&self, path: &str) -> Result<Node, String> {
         raw::stat(path)
+    }
+    fn list_changes(&self, dir: &str, since: u64) -> Result<DirChanges, String> {
+        raw::read_dir_changes(dir, since)
     }
 }
 

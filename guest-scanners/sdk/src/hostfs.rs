@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::bindings::scanner::wdp::device_plugin::hostfs as raw_hostfs;
-use crate::devfs::{Devfs, Node, NodeKind};
+use crate::devfs::{Devfs, DirChanges, Node, NodeKind};
 use crate::pathglob::DirSource;
 use crate::sysfs::StdFs;
 
@@ -79,6 +79,17 @@ impl DirSource for Host {
         } else {
             StdFs.stat(path)
         }
+    }
+    fn list_changes(&self, dir: &str, since: u64) -> Result<DirChanges, String> {
+        if in_dev(dir) {
+            return Devfs.list_changes(dir, since);
+        }
+        Ok(DirChanges {
+            version: 0,
+            whole: true,
+            changed: self.list(dir)?,
+            removed: Vec::new(),
+        })
     }
 }
 

@@ -66,6 +66,7 @@ pub mod envs;
 pub mod health;
 pub mod hostfs;
 pub mod json;
+pub mod keptglob;
 pub mod notes;
 pub mod pathglob;
 pub mod pci;

@@ -10,7 +10,7 @@
 //! directories (or symlinks, which the source may follow), literal final components must exist,
 //! unreadable directories are skipped, and the result is sorted by path.
 
-use crate::bindings::scanner::wdp::device_plugin::devfs::{Node, NodeKind};
+use crate::bindings::scanner::wdp::device_plugin::devfs::{DirChanges, Node, NodeKind};
 use glob::{MatchOptions, Pattern};
 
 /// Something that can list directories and describe entries (absolute paths, `/`-separated).
@@ -19,6 +19,17 @@ pub trait DirSource {
     fn list(&self, dir: &str) -> Result<Vec<Node>, String>;
     /// The entry at `path`, without following a final symlink.
     fn stat(&self, path: &str) -> Result<Node, String>;
+    /// What changed in directory `dir` since the answer that carried version `since` (0: none
+    /// yet), as the host's `devfs.read-dir-changes` answers it. By default the whole listing,
+    /// with version 0: a source that keeps nothing.
+    fn list_changes(&self, dir: &str, _since: u64) -> Result<DirChanges, String> {
+        Ok(DirChanges {
+            version: 0,
+            whole: true,
+            changed: self.list(dir)?,
+            removed: Vec::new(),
+        })
+    }
 }
 
 /// One path matched by a glob, with its metadata.
@@ -31,7 +42,7 @@ pub struct Match {
     pub node: Node,
 }
 
-const OPTIONS: MatchOptions = MatchOptions {
+pub(crate) const OPTIONS: MatchOptions = MatchOptions {
     case_sensitive: true,
     require_literal_separator: true,
     require_literal_leading_dot: true,

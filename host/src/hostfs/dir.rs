@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, FileType, FileTypeExt, Metadata, MetadataExt};
 
-use super::listing::Listings;
+use super::listing::{DirChanges, Listings};
 use super::{DevReads, DevfsError, MAX_DIR_ENTRIES, Node, NodeKind};
 
 /// A dev root on disk, opened once as a capability, with the listings kept of its directories.
@@ -32,17 +32,32 @@ impl HostDir {
     pub fn listings(&self) -> &Arc<Listings> {
         &self.listings
     }
-}
 
-impl DevReads for HostDir {
-    fn read_dir(&self, path: &str, rel: &Path) -> Result<Vec<Node>, DevfsError> {
-        let dir = if rel == Path::new(".") {
+    /// Directory `rel` (the root for `.`), following a final symlink.
+    fn open_dir(&self, path: &str, rel: &Path) -> Result<Dir, DevfsError> {
+        if rel == Path::new(".") {
             self.root.try_clone()
         } else {
             self.root.open_dir(rel)
         }
-        .map_err(|e| map_io(path, e))?;
+        .map_err(|e| map_io(path, e))
+    }
+}
+
+impl DevReads for HostDir {
+    fn read_dir(&self, path: &str, rel: &Path) -> Result<Vec<Node>, DevfsError> {
+        let dir = self.open_dir(path, rel)?;
         self.listings.list(&dir, || list(&dir, path))
+    }
+
+    fn read_dir_changes(
+        &self,
+        path: &str,
+        rel: &Path,
+        since: u64,
+    ) -> Result<DirChanges, DevfsError> {
+        let dir = self.open_dir(path, rel)?;
+        self.listings.changes(&dir, since, || list(&dir, path))
     }
 
     fn entry_names(&self, path: &str, rel: &Path) -> Result<HashSet<OsString>, DevfsError> {

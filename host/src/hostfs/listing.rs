@@ -27,11 +27,20 @@
 //! `/proc/self/fd` on the directory already opened beneath the root, so the inode watched is the
 //! one listed, whatever symlinks the path crossed.
 //!
+//! A kept listing also answers *what changed* since an earlier answer (`devfs.read-dir-changes`,
+//! [`Listings::changes`]): each entry a patch changes is written in the listing's log under the
+//! listing's next sequence number, and an answer carries a version (the listing's number and
+//! its sequence number). Asked again with that version, the host answers the entries named in
+//! the log since: a scan after one hot-plug lowers one entry into the guest, not 10,000. A
+//! version the host cannot vouch for (another listing's, one older than the log's bounded
+//! length, or any while nothing is kept) is answered with the whole listing, so a guest is
+//! never told less than a fresh listing would tell it.
+//!
 //! Known limit: a filesystem mounted over an entry of a kept directory after it was listed (a
 //! mount makes no inotify event) shows the entry as it was until the entry itself changes. The
 //! mounts under /dev (`pts`, `shm`, `mqueue`, `hugepages`) are made at boot, before the host.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -44,6 +53,10 @@ use super::{MAX_DIR_ENTRIES, Node};
 /// Most directories kept at once: a bound for a guest that lists ever-new directories. Beyond
 /// it, other directories are listed afresh each time.
 const MAX_LISTINGS: usize = 256;
+
+/// Most entries a listing's log of changes holds: a version older than that is answered with
+/// the whole listing.
+const MAX_LOG: usize = 1024;
 
 /// The events a kept listing needs of its directory: every entry made, removed, moved or changed
 /// in mode. The change watcher watches directories with these (and more).
@@ -70,6 +83,8 @@ struct State {
     /// task may still be noting) or a listing begun under it can never touch what another
     /// watcher's instance, with its own watch descriptors, keeps.
     connections: u64,
+    /// Listings kept so far: each has its own number, which its versions carry.
+    kept: u32,
     by_watch: HashMap<WatchDescriptor, Listing>,
 }
 
@@ -99,6 +114,100 @@ struct Listing {
     nodes: Option<BTreeMap<String, Node>>,
     /// Entries named by events since they were last looked at.
     changed: HashSet<OsString>,
+    /// What versions of this listing say (set when it is first kept).
+    log: Log,
+}
+
+/// The changes a kept listing went through, for [`Listings::changes`].
+#[derive(Debug, Default)]
+struct Log {
+    /// The listing's number, unique among the listings of this dev root (never 0).
+    number: u32,
+    /// The sequence number of the last change.
+    seq: u32,
+    /// The oldest sequence number the log can answer from: changes after it are all in
+    /// `names`.
+    floor: u32,
+    /// The entries changed, by sequence number, oldest first; at most [`MAX_LOG`].
+    names: VecDeque<(u32, String)>,
+}
+
+impl Log {
+    fn new(number: u32) -> Self {
+        Log {
+            number,
+            ..Log::default()
+        }
+    }
+
+    /// The version an answer given now carries.
+    fn version(&self) -> u64 {
+        (u64::from(self.number) << 32) | u64::from(self.seq)
+    }
+
+    /// Notes that entry `name` changed.
+    fn push(&mut self, name: &str) {
+        // A log that ran out of sequence numbers answers every later version whole.
+        let Some(seq) = self.seq.checked_add(1) else {
+            self.floor = u32::MAX;
+            self.names.clear();
+            return;
+        };
+        self.seq = seq;
+        self.names.push_back((seq, name.to_owned()));
+        if self.names.len() > MAX_LOG
+            && let Some((oldest, _)) = self.names.pop_front()
+        {
+            self.floor = oldest;
+        }
+    }
+
+    /// The entries changed since `version`, sorted by name; `None` when the log cannot say
+    /// (another listing's version, or one older than the log).
+    fn since(&self, version: u64) -> Option<Vec<&str>> {
+        let (number, seq) = ((version >> 32) as u32, version as u32);
+        if number != self.number || seq < self.floor || seq > self.seq {
+            return None;
+        }
+        let mut names: Vec<&str> = self
+            .names
+            .iter()
+            .rev()
+            .take_while(|(at, _)| *at > seq)
+            .map(|(_, name)| name.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        Some(names)
+    }
+}
+
+/// What [`Listings::changes`] answers: the entries changed and removed since the version asked
+/// about, or the whole listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirChanges {
+    /// The version to ask with next time; 0 when the listing is not kept (the next answer is
+    /// whole again).
+    pub version: u64,
+    /// True when `changed` is the whole listing (the version asked about could not be vouched
+    /// for).
+    pub whole: bool,
+    /// Entries made or changed since (all of them when `whole`).
+    pub changed: Vec<Node>,
+    /// Names of entries removed since (empty when `whole`).
+    pub removed: Vec<String>,
+}
+
+impl DirChanges {
+    /// The whole listing `nodes`, with the version to ask with next.
+    pub fn whole(nodes: Vec<Node>, version: u64) -> Self {
+        DirChanges {
+            version,
+            whole: true,
+            changed: nodes,
+            removed: Vec::new(),
+        }
+    }
 }
 
 /// A watcher's connection to [`Listings`]: its events go through [`Connected::note`], and
@@ -196,41 +305,97 @@ impl Listings {
         dir: &Dir,
         fresh: impl FnOnce() -> Result<Vec<Node>, E>,
     ) -> Result<Vec<Node>, E> {
+        self.versioned(dir, fresh).map(|(nodes, _)| nodes)
+    }
+
+    /// What changed in `dir` since the answer that carried `since`: the entries named in the
+    /// kept listing's log since then, or the whole listing ([`Listings::list`]'s) when the log
+    /// cannot say.
+    pub(super) fn changes<E>(
+        &self,
+        dir: &Dir,
+        since: u64,
+        fresh: impl FnOnce() -> Result<Vec<Node>, E>,
+    ) -> Result<DirChanges, E> {
+        if since != 0 {
+            let mut state = self.lock();
+            if let Some((_, wd)) = watch(&mut state, dir, self.root_dev)
+                && let Some(Listing {
+                    nodes: Some(nodes),
+                    changed,
+                    log,
+                }) = state.by_watch.get_mut(&wd)
+            {
+                if !patch(dir, nodes, changed, log) {
+                    state.by_watch.remove(&wd);
+                } else if let Some(names) = log.since(since) {
+                    let (mut made, mut removed) = (Vec::new(), Vec::new());
+                    for name in names {
+                        match nodes.get(name) {
+                            Some(node) => made.push(node.clone()),
+                            None => removed.push(name.to_owned()),
+                        }
+                    }
+                    return Ok(DirChanges {
+                        version: log.version(),
+                        whole: false,
+                        changed: made,
+                        removed,
+                    });
+                }
+            }
+        }
+        let (nodes, version) = self.versioned(dir, fresh)?;
+        Ok(DirChanges::whole(nodes, version))
+    }
+
+    /// [`Listings::list`], with the version of the kept listing the answer is (0 when it is
+    /// not kept).
+    fn versioned<E>(
+        &self,
+        dir: &Dir,
+        fresh: impl FnOnce() -> Result<Vec<Node>, E>,
+    ) -> Result<(Vec<Node>, u64), E> {
+        let unkept = |fresh: Result<Vec<Node>, E>| fresh.map(|nodes| (nodes, 0));
         let mut state = self.lock();
         let Some((connection, wd)) = watch(&mut state, dir, self.root_dev) else {
             drop(state);
-            return fresh();
+            return unkept(fresh());
         };
         let full = state.by_watch.len() >= MAX_LISTINGS;
         match state.by_watch.get_mut(&wd) {
             Some(Listing {
                 nodes: Some(nodes),
                 changed,
+                log,
             }) => {
-                if patch(dir, nodes, changed) {
-                    return Ok(nodes.values().cloned().collect());
+                if patch(dir, nodes, changed, log) {
+                    return Ok((nodes.values().cloned().collect(), log.version()));
                 }
                 // Grown past what a listing may hold: listed afresh, which refuses it.
                 state.by_watch.remove(&wd);
                 drop(state);
-                return fresh();
+                return unkept(fresh());
             }
             // Another guest is listing it now: this one lists too, without keeping.
             Some(_) => {
                 drop(state);
-                return fresh();
+                return unkept(fresh());
             }
             None if full => {
                 drop(state);
-                return fresh();
+                return unkept(fresh());
             }
             None => {}
         }
+        state.kept = state.kept.wrapping_add(1).max(1);
+        let number = state.kept;
         state.by_watch.insert(
             wd.clone(),
             Listing {
                 nodes: None,
                 changed: HashSet::new(),
+                log: Log::new(number),
             },
         );
         // Listed without the lock: other guests' listings and the watcher's notes go on.
@@ -239,12 +404,12 @@ impl Listings {
         let mut state = self.lock();
         let Ok(nodes) = &listed else {
             state.by_watch.remove(&wd);
-            return listed;
+            return unkept(listed);
         };
         // Gone meanwhile (the queue overflowed, the directory went, the watcher was
         // disconnected): this answer stands, as a fresh listing's would, but it is not kept.
         if !state.connected(connection) {
-            return listed;
+            return unkept(listed);
         }
         if let Some(listing) = state.by_watch.get_mut(&wd) {
             let mut kept = nodes
@@ -253,18 +418,19 @@ impl Listings {
                 .collect::<BTreeMap<_, _>>();
             if listing.changed.is_empty() {
                 listing.nodes = Some(kept);
-                return listed;
+                let version = listing.log.version();
+                return listed.map(|nodes| (nodes, version));
             }
             // Entries changed while it was listed: the listing may hold either state of them.
-            if !patch(dir, &mut kept, &mut listing.changed) {
+            if !patch(dir, &mut kept, &mut listing.changed, &mut listing.log) {
                 state.by_watch.remove(&wd);
-                return listed;
+                return unkept(listed);
             }
             let answer = kept.values().cloned().collect();
             listing.nodes = Some(kept);
-            return Ok(answer);
+            return Ok((answer, listing.log.version()));
         }
-        listed
+        unkept(listed)
     }
 }
 
@@ -285,9 +451,14 @@ fn watch(state: &mut State, dir: &Dir, root_dev: u64) -> Option<(u64, WatchDescr
 }
 
 /// Applies the entries named in `changed` to `nodes`, each looked up again (gone, or no longer
-/// describable: removed, as a fresh listing skips it). False when `nodes` grew past
-/// [`MAX_DIR_ENTRIES`].
-fn patch(dir: &Dir, nodes: &mut BTreeMap<String, Node>, changed: &mut HashSet<OsString>) -> bool {
+/// describable: removed, as a fresh listing skips it), and writes those that changed in `log`.
+/// False when `nodes` grew past [`MAX_DIR_ENTRIES`].
+fn patch(
+    dir: &Dir,
+    nodes: &mut BTreeMap<String, Node>,
+    changed: &mut HashSet<OsString>,
+    log: &mut Log,
+) -> bool {
     for name in changed.drain() {
         // A fresh listing skips names WIT strings cannot carry.
         let Ok(name) = name.into_string() else {
@@ -296,10 +467,15 @@ fn patch(dir: &Dir, nodes: &mut BTreeMap<String, Node>, changed: &mut HashSet<Os
         match dir.symlink_metadata(&name) {
             Ok(meta) => {
                 let node = super::dir::node(name.clone(), &meta);
-                nodes.insert(name, node);
+                if nodes.get(&name) != Some(&node) {
+                    log.push(&name);
+                    nodes.insert(name, node);
+                }
             }
             Err(_) => {
-                nodes.remove(&name);
+                if nodes.remove(&name).is_some() {
+                    log.push(&name);
+                }
             }
         }
     }
@@ -322,6 +498,9 @@ mod tests {
         plain: DevFs,
         inotify: Inotify,
         connected: Option<Connected>,
+        /// Per path, a guest's copy built only from `read_dir_changes`: its last version and
+        /// the entries.
+        followed: HashMap<String, (u64, BTreeMap<String, Node>)>,
     }
 
     impl Kept {
@@ -334,6 +513,7 @@ mod tests {
                 plain: DevFs::open(root).unwrap(),
                 inotify,
                 connected: Some(connected),
+                followed: HashMap::new(),
             }
         }
 
@@ -368,6 +548,39 @@ mod tests {
             let kept = self.devfs.read_dir(path).map_err(|e| e.to_string());
             let fresh = self.plain.read_dir(path).map_err(|e| e.to_string());
             assert_eq!(kept, fresh, "{path} after {what}");
+            self.follow(path, what);
+        }
+
+        /// A copy of `path` kept only from the changes since its last version equals a fresh
+        /// listing; the answer is the whole listing exactly when the host cannot vouch for the
+        /// version. Returns whether it was whole.
+        fn follow(&mut self, path: &str, what: &str) -> bool {
+            let (since, mut copy) = self.followed.remove(path).unwrap_or_default();
+            let fresh = self.plain.read_dir(path).map_err(|e| e.to_string());
+            let answer = match self.devfs.read_dir_changes(path, since) {
+                Ok(answer) => answer,
+                Err(e) => {
+                    assert_eq!(Err(e.to_string()), fresh, "{path} after {what}");
+                    return true;
+                }
+            };
+            if answer.whole {
+                assert!(answer.removed.is_empty());
+                copy.clear();
+            }
+            assert!(answer.changed.is_sorted_by(|a, b| a.name < b.name));
+            assert!(answer.removed.is_sorted());
+            for name in &answer.removed {
+                assert!(copy.remove(name).is_some(), "{path}: {name} removed twice");
+            }
+            for node in answer.changed {
+                copy.insert(node.name.clone(), node);
+            }
+            let followed: Vec<Node> = copy.values().cloned().collect();
+            assert_eq!(Ok(followed), fresh, "{path} followed after {what}");
+            self.followed
+                .insert(path.to_owned(), (answer.version, copy));
+            answer.whole
         }
 
         fn kept_count(&self) -> usize {
@@ -444,6 +657,58 @@ mod tests {
         kept.check("/dev/old/sub", "a directory removed and made again");
         kept.check("/dev/nowhere", "a listing of nothing");
         kept.check("/dev/old/n9", "a listing of a node");
+    }
+
+    #[test]
+    fn changes_are_answered_from_the_log_and_whole_when_it_cannot_say() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("bus")).unwrap();
+        std::fs::create_dir_all(root.join("other")).unwrap();
+        for i in 0..50 {
+            mknod(&root.join(format!("bus/n{i}")), i);
+        }
+        let mut kept = Kept::new(root);
+        assert!(
+            kept.follow("/dev/bus", "the first call"),
+            "the first is whole"
+        );
+        mknod(&root.join("bus/new"), 100);
+        std::fs::remove_file(root.join("bus/n1")).unwrap();
+        kept.deliver();
+        let (version, _) = kept.followed["/dev/bus"];
+        let answer = kept.devfs.read_dir_changes("/dev/bus", version).unwrap();
+        assert!(!answer.whole);
+        assert_eq!(answer.removed, ["n1"]);
+        let made: Vec<&str> = answer.changed.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(made, ["new"], "only what changed");
+        assert!(!kept.follow("/dev/bus", "a node made and one removed"));
+        assert!(
+            !kept.follow("/dev/bus", "nothing"),
+            "nothing changed: still a delta"
+        );
+
+        // Another directory's version, a forged one, one from before the log: whole.
+        kept.follow("/dev/other", "the first call");
+        let (other, _) = kept.followed["/dev/other"];
+        for since in [other, u64::MAX, 1, version + (1 << 32)] {
+            let answer = kept.devfs.read_dir_changes("/dev/bus", since).unwrap();
+            assert!(answer.whole, "version {since:#x}");
+            assert_eq!(answer.changed.len(), 50);
+        }
+        for i in 0..(MAX_LOG + 10) {
+            let path = root.join(format!("bus/n{}", 2 + i % 40));
+            std::fs::set_permissions(
+                path,
+                std::os::unix::fs::PermissionsExt::from_mode(0o600 + (i / 40 % 2) as u32),
+            )
+            .unwrap();
+            kept.deliver();
+            // Patched as they come, as scans of other guests would.
+            kept.devfs.read_dir("/dev/bus").unwrap();
+        }
+        assert!(kept.follow("/dev/bus", "more changes than the log holds"));
+        assert!(!kept.follow("/dev/bus", "after that"));
     }
 
     #[test]

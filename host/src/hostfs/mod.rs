@@ -34,7 +34,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use self::listing::Listings;
+use self::listing::{DirChanges, Listings};
 use self::record::Recorder;
 use self::table::DevTable;
 
@@ -136,6 +136,17 @@ pub trait DevReads: Send + Sync + std::fmt::Debug {
     /// The entries of directory `rel` (following a final symlink), in any order.
     fn read_dir(&self, path: &str, rel: &Path) -> Result<Vec<Node>, DevfsError>;
 
+    /// What changed in directory `rel` since the answer that carried version `since`
+    /// ([`listing`]); by default (nothing kept) the whole listing, with version 0.
+    fn read_dir_changes(
+        &self,
+        path: &str,
+        rel: &Path,
+        _since: u64,
+    ) -> Result<DirChanges, DevfsError> {
+        Ok(DirChanges::whole(self.read_dir(path, rel)?, 0))
+    }
+
     /// The names in directory `rel`, without describing them.
     fn entry_names(&self, path: &str, rel: &Path) -> Result<HashSet<OsString>, DevfsError>;
 
@@ -210,6 +221,18 @@ impl DevFs {
         let mut nodes = self.reads.read_dir(path, &rel)?;
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(nodes)
+    }
+
+    /// What changed in a directory since the answer that carried version `since` (0: none),
+    /// each list sorted by name: the entries made, changed or removed since then, or the whole
+    /// listing when the host cannot vouch for that version ([`listing`]). Entries whose names
+    /// are not UTF-8 are skipped, as [`DevFs::read_dir`] skips them.
+    pub fn read_dir_changes(&self, path: &str, since: u64) -> Result<DirChanges, DevfsError> {
+        let rel = guest_to_relative(path)?;
+        let mut changes = self.reads.read_dir_changes(path, &rel, since)?;
+        changes.changed.sort_by(|a, b| a.name.cmp(&b.name));
+        changes.removed.sort();
+        Ok(changes)
     }
 
     /// The names in a directory, without describing them: one listing answers "does it exist"

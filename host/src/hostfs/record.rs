@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::listing::DirChanges;
 use super::{DevReads, DevfsError, Node};
 
 /// Which root a path is under.
@@ -129,6 +130,16 @@ impl DevReads for Recorded {
     fn read_dir(&self, path: &str, rel: &Path) -> Result<Vec<Node>, DevfsError> {
         self.recorder.dev(rel, Access::ReadDir);
         self.inner.read_dir(path, rel)
+    }
+
+    fn read_dir_changes(
+        &self,
+        path: &str,
+        rel: &Path,
+        since: u64,
+    ) -> Result<DirChanges, DevfsError> {
+        self.recorder.dev(rel, Access::ReadDir);
+        self.inner.read_dir_changes(path, rel, since)
     }
 
     fn entry_names(&self, path: &str, rel: &Path) -> Result<HashSet<OsString>, DevfsError> {

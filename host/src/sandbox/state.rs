@@ -354,17 +354,30 @@ impl devfs::Host for GuestState {
         Ok(self
             .blocking("devfs.read-dir", move |budget| {
                 let nodes = devfs.read_dir(&path).map_err(|e| e.to_string())?;
-                let cost: usize = nodes
-                    .iter()
-                    .map(|n| std::mem::size_of::<Node>() + n.name.len())
-                    .sum();
-                if cost > budget.bytes {
-                    return Err(BatchError::TooLarge {
-                        budget: budget.bytes,
-                    }
-                    .to_string());
-                }
+                within(&budget, &nodes, &[])?;
                 Ok(nodes.into_iter().map(to_wit).collect())
+            })
+            .await)
+    }
+
+    async fn read_dir_changes(
+        &mut self,
+        path: String,
+        since: u64,
+    ) -> wasmtime::Result<Result<devfs::DirChanges, String>> {
+        let devfs = self.devfs.clone();
+        Ok(self
+            .blocking("devfs.read-dir-changes", move |budget| {
+                let changes = devfs
+                    .read_dir_changes(&path, since)
+                    .map_err(|e| e.to_string())?;
+                within(&budget, &changes.changed, &changes.removed)?;
+                Ok(devfs::DirChanges {
+                    version: changes.version,
+                    whole: changes.whole,
+                    changed: changes.changed.into_iter().map(to_wit).collect(),
+                    removed: changes.removed,
+                })
             })
             .await)
     }
@@ -463,6 +476,27 @@ fn read_error_to_wit(e: batch::ReadError) -> wit_hostfs::ReadError {
         batch::ReadError::TooLargeOrBinary => wit_hostfs::ReadError::TooLargeOrBinary,
         batch::ReadError::Unreadable => wit_hostfs::ReadError::Unreadable,
     }
+}
+
+/// Refuses an answer of `nodes` and `names` that would take more than the guest's `budget`
+/// to hand over: what the host builds for the guest is bounded by the guest's own limit.
+fn within(budget: &Budget, nodes: &[Node], names: &[String]) -> Result<(), String> {
+    let cost: usize = nodes
+        .iter()
+        .map(|n| std::mem::size_of::<Node>() + n.name.len())
+        .chain(
+            names
+                .iter()
+                .map(|n| std::mem::size_of::<String>() + n.len()),
+        )
+        .sum();
+    if cost > budget.bytes {
+        return Err(BatchError::TooLarge {
+            budget: budget.bytes,
+        }
+        .to_string());
+    }
+    Ok(())
 }
 
 fn to_wit(node: Node) -> devfs::Node {

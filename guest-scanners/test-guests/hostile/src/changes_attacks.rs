@@ -14,13 +14,25 @@
 //!   annotations `taken` and `turned-away` count them), and the guest stays up.
 //! * `changes-alias`: `lift-alias` through `notify-changes`: one changed device whose
 //!   `cdi-devices` are `ENTRIES` entries all pointing at the same `BYTES` bytes.
+//! * `dir-changes`: `devfs.read-dir-changes` asked with versions the host never gave for the
+//!   directory: another directory's, one ahead of the last, forged ones; and paths out of /dev.
+//!   Notifies `report` device `r` whose annotations say, per probe, `whole` (the whole listing
+//!   of `/dev/bulk`, as `read-dir` gives it), `denied: <error>`, or `LEAKED: <what came
+//!   back>`. Then waits for a change and notifies `report` device `delta`, whose annotation
+//!   `delta` is what `read-dir-changes` of `/dev/bulk` answered since its first listing:
+//!   `whole=<bool> changed=<names> removed=<names>`, and stays up.
 
 use wdp_guest::{DeviceInfo, GroupChanges, TreeBuilder, config, devfs, notify, notify_changes};
 
 use crate::single;
 
 /// The attacks of this module, as `ATTACK` names them.
-pub const CHANGES_ATTACKS: [&str; 3] = ["changes-out-of-step", "changes-flood", "changes-alias"];
+pub const CHANGES_ATTACKS: [&str; 4] = [
+    "changes-out-of-step",
+    "changes-flood",
+    "changes-alias",
+    "dir-changes",
+];
 
 fn add(dev_type: &str, id: &str, info: DeviceInfo) -> Vec<GroupChanges> {
     vec![GroupChanges {
@@ -89,8 +101,73 @@ pub fn run(attack: &str) -> Result<(), String> {
             alias(entries, bytes);
             Err("LEAKED: the host lifted aliased changes".into())
         }
+        "dir-changes" => dir_changes(),
         other => Err(format!("ATTACK={other:?} is not a changes attack")),
     }
+}
+
+fn names(nodes: &[devfs::Node]) -> String {
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    names.join(",")
+}
+
+fn dir_changes() -> Result<(), String> {
+    const BULK: &str = "/dev/bulk";
+    let first = devfs::read_dir_changes(BULK, 0)?;
+    let listed = devfs::read_dir(BULK)?;
+    let other = devfs::read_dir_changes("/dev/other", 0)?;
+    let mut report = DeviceInfo::new();
+    for (probe, since) in [
+        ("other-directory", other.version),
+        ("ahead", first.version.wrapping_add(1)),
+        ("forged-number", first.version ^ (1 << 40)),
+        ("max", u64::MAX),
+        ("one", 1),
+    ] {
+        let outcome = match devfs::read_dir_changes(BULK, since) {
+            Ok(answer) if answer.whole && answer.changed == listed && answer.removed.is_empty() => {
+                "whole".to_string()
+            }
+            Ok(answer) => format!(
+                "LEAKED: whole={} changed={} removed={}",
+                answer.whole,
+                names(&answer.changed),
+                answer.removed.join(",")
+            ),
+            Err(e) => format!("denied: {e}"),
+        };
+        report = report.annotation(probe, outcome);
+    }
+    for (probe, path) in [
+        ("dotdot", "/dev/../etc"),
+        ("outside", "/etc"),
+        ("escape-link", "/dev/escape"),
+    ] {
+        let outcome = match devfs::read_dir_changes(path, first.version) {
+            Ok(answer) => format!("LEAKED: {}", names(&answer.changed)),
+            Err(e) => format!("denied: {e}"),
+        };
+        report = report.annotation(probe, outcome);
+    }
+    let mut tree = TreeBuilder::new();
+    tree.add("report", "r", report);
+    notify(&tree.build());
+    devfs::wait_for_change(10_000);
+    let delta = devfs::read_dir_changes(BULK, first.version)?;
+    let said = format!(
+        "whole={} changed={} removed={}",
+        delta.whole,
+        names(&delta.changed),
+        delta.removed.join(",")
+    );
+    let mut tree = TreeBuilder::new();
+    tree.add(
+        "report",
+        "delta",
+        DeviceInfo::new().annotation("delta", said),
+    );
+    notify(&tree.build());
+    stay_up()
 }
 
 fn stay_up() -> Result<(), String> {

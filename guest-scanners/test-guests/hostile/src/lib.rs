@@ -25,8 +25,8 @@
 //!   policy through `notify-with-attributes`, in [`output_attacks`].
 //! * `lift-alias`, `read-alias`: attacks on how the host copies arguments out of the guest, in
 //!   [`lift_attacks`].
-//! * `changes-out-of-step`, `changes-flood`, `changes-alias`: attacks through `notify-changes`
-//!   (contract 0.1.2), in [`changes_attacks`].
+//! * `changes-out-of-step`, `changes-flood`, `changes-alias`: attacks through `notify-changes`,
+//!   and `dir-changes` through `devfs.read-dir-changes` (contract 0.1.2), in [`changes_attacks`].
 
 mod hostfs_attacks;
 
@@ -41,7 +41,7 @@ pub mod lift_attacks;
 pub mod output_attacks;
 
 /// Every value of `ATTACK`.
-pub const ATTACKS: [&str; 20] = [
+pub const ATTACKS: [&str; 21] = [
     "probe",
     "memory",
     "spin",
@@ -62,6 +62,7 @@ pub const ATTACKS: [&str; 20] = [
     "changes-out-of-step",
     "changes-flood",
     "changes-alias",
+    "dir-changes",
 ];
 
 /// The paths `batch-probe` reads in one `read-files` call: every way out of /sys a single read
