@@ -258,7 +258,7 @@ mod tests {
     fn group() -> DeviceGroup {
         [
             (
-                "a".into(),
+                "a".to_string(),
                 info(&["/dev/a", "/dev/ctl"], ("A", "1"), Health::Healthy),
             ),
             (
@@ -270,7 +270,8 @@ mod tests {
                 info(&["/dev/s"], ("S", "3"), Health::Unhealthy),
             ),
         ]
-        .into()
+        .into_iter()
+        .collect()
     }
 
     fn req(ids: &[&str]) -> api::ContainerAllocateRequest {

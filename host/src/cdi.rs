@@ -360,15 +360,22 @@ impl CdiWriter {
         let Some(on_disk) = self.on_disk(dev_type) else {
             return;
         };
-        for (id, info) in group.iter_mut() {
-            let name = own_name(kind, id);
-            let described = on_disk
-                .get(id)
-                .is_some_and(|w| same_device(kind, id, w, info));
-            if described
-                && SpecDevice::describes(kind, id, info)
-                && !info.cdi_devices.contains(&name)
-            {
+        let named: Vec<(String, String)> = group
+            .iter()
+            .filter_map(|(id, info)| {
+                let name = own_name(kind, id);
+                let described = on_disk
+                    .get(id)
+                    .is_some_and(|w| same_device(kind, id, w, info));
+                (described
+                    && SpecDevice::describes(kind, id, info)
+                    && !info.cdi_devices.contains(&name))
+                .then(|| (id.clone(), name))
+            })
+            .collect();
+        // Only the devices named are copied out of what the group shares with older versions.
+        for (id, name) in named {
+            if let Some(info) = group.get_mut(&id) {
                 info.cdi_devices.push(name);
             }
         }
@@ -765,7 +772,7 @@ mod tests {
         let only = |info: DeviceInfo| {
             DeviceTree(BTreeMap::from([(
                 "tty".to_string(),
-                DeviceGroup::from([("port-a".to_string(), info)]),
+                DeviceGroup::from_iter([("port-a".to_string(), info)]),
             )]))
         };
         let plain = DeviceInfo {
@@ -827,7 +834,7 @@ mod tests {
         // Only such devices: no file at all.
         let empty = DeviceTree(BTreeMap::from([(
             "i915".to_string(),
-            DeviceGroup::from([("queue".to_string(), DeviceInfo::default())]),
+            DeviceGroup::from_iter([("queue".to_string(), DeviceInfo::default())]),
         )]));
         w.sync(empty.clone());
         assert!(!w.path("i915").exists());

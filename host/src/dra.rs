@@ -616,7 +616,7 @@ impl Kubelet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::DeviceInfo;
+    use crate::tree::{DeviceGroup, DeviceInfo};
 
     #[test]
     fn pci_names() {
@@ -637,8 +637,10 @@ mod tests {
             cdi_devices: vec!["ns.example.com/a=0".into()],
             ..DeviceInfo::default()
         };
-        tree.0
-            .insert("a".into(), BTreeMap::from([("0".into(), info)]));
+        tree.0.insert(
+            "a".into(),
+            DeviceGroup::from_iter([("0".to_string(), info)]),
+        );
         let sick = DeviceInfo {
             health: Health::Unhealthy,
             numa_nodes: Some(vec![0, 1]),
@@ -646,7 +648,7 @@ mod tests {
         };
         tree.0.insert(
             "b".into(),
-            BTreeMap::from([("0".into(), sick), ("x".into(), DeviceInfo::default())]),
+            DeviceGroup::from_iter([("0".to_string(), sick), ("x".into(), DeviceInfo::default())]),
         );
         let pool = pool("node-1", &tree);
         assert_eq!(
@@ -675,8 +677,10 @@ mod tests {
             .capacities
             .insert("memory".into(), "80Gi".into());
         let mut tree = DeviceTree::default();
-        tree.0
-            .insert("gpu".into(), BTreeMap::from([("card0".into(), info)]));
+        tree.0.insert(
+            "gpu".into(),
+            DeviceGroup::from_iter([("card0".to_string(), info)]),
+        );
         let pool = pool("node-1", &tree);
         let d = &pool.devices[0];
         assert_eq!(d.attributes["model"], AttributeValue::String("A100".into()));

@@ -172,23 +172,29 @@ impl Topology {
                 looked_up.insert(path, numa);
             }
         }
-        for info in tree.0.values_mut().flat_map(|g| g.values_mut()) {
-            if info.numa_nodes.is_some() || info.nodes.is_empty() {
-                continue;
-            }
-            let mut numa = BTreeSet::new();
-            let mut complete = true;
-            for node in &info.nodes {
-                let path = node.host_path.as_str();
-                // Most nodes are remembered (what was looked up above is remembered too, when
-                // it may be): the memo first.
-                match memo.recall(path).or_else(|| looked_up.get(path)) {
-                    Some(Some(ids)) => numa.extend(ids.iter().copied()),
-                    _ => complete = false,
+        for group in tree.0.values_mut() {
+            let found: Vec<(String, BTreeSet<u32>)> = group
+                .iter()
+                .filter(|(_, info)| info.numa_nodes.is_none() && !info.nodes.is_empty())
+                .filter_map(|(id, info)| {
+                    let mut numa = BTreeSet::new();
+                    for node in &info.nodes {
+                        let path = node.host_path.as_str();
+                        // Most nodes are remembered (what was looked up above is remembered
+                        // too, when it may be): the memo first.
+                        match memo.recall(path).or_else(|| looked_up.get(path)) {
+                            Some(Some(ids)) => numa.extend(ids.iter().copied()),
+                            _ => return None,
+                        }
+                    }
+                    (!numa.is_empty()).then(|| (id.clone(), numa))
+                })
+                .collect();
+            // Only the devices given an affinity are copied out of what the group shares.
+            for (id, numa) in found {
+                if let Some(info) = group.get_mut(&id) {
+                    info.numa_nodes = Some(numa.into_iter().collect());
                 }
-            }
-            if complete && !numa.is_empty() {
-                info.numa_nodes = Some(numa.into_iter().collect());
             }
         }
     }

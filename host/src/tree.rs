@@ -6,8 +6,8 @@
 //! offending value. Everything downstream (printing, the manager, the kubelet servers) only ever
 //! sees a validated [`DeviceTree`].
 
+use imbl::ordmap::Entry;
 use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 
 use serde::Serialize;
 
@@ -101,7 +101,12 @@ impl Default for DeviceInfo {
 }
 
 /// All devices of one type, keyed (and so ordered) by device id.
-pub type DeviceGroup = BTreeMap<String, DeviceInfo>;
+///
+/// A persistent map: a group patched with one changed device shares every other device with the
+/// group it came from, so the copies the host hands on (to the servers, to the manager, the
+/// tree kept for a guest's next changes) cost the change, not the 10,000 devices of a large
+/// group, and so does dropping the group an update replaced.
+pub type DeviceGroup = imbl::OrdMap<String, DeviceInfo>;
 
 /// A whole validated inventory: dev-type -> device id -> info.
 ///
@@ -350,7 +355,7 @@ impl DeviceTree {
                     value: group.dev_type,
                 });
             }
-            let mut devices = BTreeMap::new();
+            let mut devices = DeviceGroup::new();
             for device in group.devices {
                 if !is_device_id(&device.id) {
                     return Err(OutputError::DeviceId {
@@ -362,8 +367,8 @@ impl DeviceTree {
                 let n = devices.len();
                 budget.take(
                     charge::validated_device(&device.id, &info)
-                        + charge::btree::<String, DeviceInfo>(n + 1)
-                        - charge::btree::<String, DeviceInfo>(n),
+                        + charge::ordmap::<String, DeviceInfo>(n + 1, charge::BUILT)
+                        - charge::ordmap::<String, DeviceInfo>(n, charge::BUILT),
                 )?;
                 match devices.entry(device.id) {
                     Entry::Vacant(slot) => {
@@ -427,7 +432,7 @@ impl DeviceTree {
 
     /// Number of devices over all types.
     pub fn device_count(&self) -> usize {
-        self.0.values().map(BTreeMap::len).sum()
+        self.0.values().map(DeviceGroup::len).sum()
     }
 }
 

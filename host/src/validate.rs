@@ -79,7 +79,17 @@ impl Base {
                     .fold(dev_type.len(), usize::saturating_add)
             })
             .fold(0, usize::saturating_add);
-        let charge = charge::validated_bytes(&tree);
+        // Its groups will be patched: their leaves may thin out to a third, where validation
+        // charged them as built.
+        let thinned = tree
+            .0
+            .values()
+            .map(|g| {
+                charge::ordmap::<String, DeviceInfo>(g.len(), charge::PATCHED)
+                    - charge::ordmap::<String, DeviceInfo>(g.len(), charge::BUILT)
+            })
+            .fold(0, usize::saturating_add);
+        let charge = charge::validated_bytes(&tree).saturating_add(thinned);
         let peaks = tree.0.iter().map(|(t, g)| (t.clone(), g.len())).collect();
         Base {
             tree,
@@ -345,8 +355,8 @@ impl Validator {
             }
             let had = base.peaks.get(dev_type).copied().unwrap_or(0);
             charge_total = charge_total
-                .saturating_add(charge::btree::<String, DeviceInfo>(peak))
-                .saturating_sub(charge::btree::<String, DeviceInfo>(had));
+                .saturating_add(charge::ordmap::<String, DeviceInfo>(peak, charge::PATCHED))
+                .saturating_sub(charge::ordmap::<String, DeviceInfo>(had, charge::PATCHED));
             peaks.push(peak);
         }
         if types > policy.max_types {

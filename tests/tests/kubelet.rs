@@ -453,7 +453,12 @@ mod manager {
         DeviceTree(
             types
                 .iter()
-                .map(|t| (t.to_string(), [("d0".to_string(), info.clone())].into()))
+                .map(|t| {
+                    (
+                        t.to_string(),
+                        [("d0".to_string(), info.clone())].into_iter().collect(),
+                    )
+                })
                 .collect(),
         )
     }

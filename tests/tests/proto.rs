@@ -18,6 +18,11 @@ fn checked_in_kubelet_api_is_what_the_proto_generates() {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Encoded once per update by the servers, with a type of its own (`list.rs`).
+        .extern_path(
+            ".v1beta1.ListAndWatchResponse",
+            "crate::list::ListAndWatchResponse",
+        )
         .out_dir(out.path())
         .compile_fds(descriptors)
         .expect("generate the Rust code");

@@ -16,6 +16,7 @@
 pub mod authority;
 pub mod checkpoint;
 pub mod dir;
+pub mod list;
 pub mod names;
 pub mod nodestatus;
 pub mod register;
@@ -32,6 +33,7 @@ pub mod transport;
 #[allow(missing_docs, clippy::all)]
 pub mod api {
     include!("v1beta1.rs");
+    pub use crate::list::ListAndWatchResponse;
 }
 
 /// The only API version kubelet accepts, and the one wdp speaks.

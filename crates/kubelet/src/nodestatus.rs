@@ -112,12 +112,12 @@ mod tests {
         fn options(&self) -> api::DevicePluginOptions {
             api::DevicePluginOptions::default()
         }
-        fn list(_: &()) -> Vec<api::Device> {
-            vec![api::Device {
+        fn list(_: &()) -> bytes::Bytes {
+            crate::list::encode(&[api::Device {
                 id: "kvm-0".into(),
                 health: "Healthy".into(),
                 topology: None,
-            }]
+            }])
         }
         async fn allocate(
             &self,

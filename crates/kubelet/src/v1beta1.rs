@@ -24,11 +24,6 @@ pub struct RegisterRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Empty {}
 #[derive(Clone, PartialEq, ::prost::Message)]
-pub struct ListAndWatchResponse {
-    #[prost(message, repeated, tag = "1")]
-    pub devices: ::prost::alloc::vec::Vec<Device>,
-}
-#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TopologyInfo {
     #[prost(message, repeated, tag = "1")]
     pub nodes: ::prost::alloc::vec::Vec<NumaNode>,
@@ -567,7 +562,7 @@ pub mod device_plugin_client {
             &mut self,
             request: impl tonic::IntoRequest<super::Empty>,
         ) -> std::result::Result<
-            tonic::Response<tonic::codec::Streaming<super::ListAndWatchResponse>>,
+            tonic::Response<tonic::codec::Streaming<crate::list::ListAndWatchResponse>>,
             tonic::Status,
         > {
             self.inner
@@ -685,7 +680,10 @@ pub mod device_plugin_server {
         >;
         /// Server streaming response type for the ListAndWatch method.
         type ListAndWatchStream: tonic::codegen::tokio_stream::Stream<
-                Item = std::result::Result<super::ListAndWatchResponse, tonic::Status>,
+                Item = std::result::Result<
+                    crate::list::ListAndWatchResponse,
+                    tonic::Status,
+                >,
             >
             + std::marker::Send
             + 'static;
@@ -850,7 +848,7 @@ pub mod device_plugin_server {
                         T: DevicePlugin,
                     > tonic::server::ServerStreamingService<super::Empty>
                     for ListAndWatchSvc<T> {
-                        type Response = super::ListAndWatchResponse;
+                        type Response = crate::list::ListAndWatchResponse;
                         type ResponseStream = T::ListAndWatchStream;
                         type Future = BoxFuture<
                             tonic::Response<Self::ResponseStream>,

@@ -14,8 +14,10 @@ mod hook_errors;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tonic::Status;
 use wdp_kubelet::api;
+use wdp_kubelet::list::ListEncoder;
 use wdp_kubelet::names::Resource;
 use wdp_kubelet::server::{ResourcePlugin, not_advertised};
 
@@ -62,26 +64,24 @@ impl ResourcePlugin for ServedResource {
         self.hooks.as_ref().map(|h| h.options()).unwrap_or_default()
     }
 
-    fn list(devices: &DeviceGroup) -> Vec<api::Device> {
-        devices
-            .iter()
-            .map(|(id, info)| api::Device {
-                id: id.clone(),
-                health: info.health.as_str().into(),
-                // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
-                // kubelet versions then never align it): no nodes is no topology.
-                topology: info
-                    .numa_nodes
-                    .as_ref()
-                    .filter(|n| !n.is_empty())
-                    .map(|nodes| api::TopologyInfo {
-                        nodes: nodes
-                            .iter()
-                            .map(|&n| api::NumaNode { id: n.into() })
-                            .collect(),
-                    }),
-            })
-            .collect()
+    fn list(devices: &DeviceGroup) -> Bytes {
+        let mut list = ListEncoder::with_capacity(devices.len());
+        for (id, info) in devices.iter() {
+            // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
+            // kubelet versions then never align it): no nodes is no topology.
+            let topology = info
+                .numa_nodes
+                .as_ref()
+                .filter(|n| !n.is_empty())
+                .map(|nodes| api::TopologyInfo {
+                    nodes: nodes
+                        .iter()
+                        .map(|&n| api::NumaNode { id: n.into() })
+                        .collect(),
+                });
+            list.push(id, info.health.as_str(), topology.as_ref());
+        }
+        list.finish()
     }
 
     /// The default response, then the post-allocate hook if any.

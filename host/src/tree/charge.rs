@@ -4,8 +4,8 @@
 //! limit is refused (rule `tree-host-memory`) before it does.
 //!
 //! The validated form can be larger than the lifted one: its devices are kept in a map, whose
-//! B-tree nodes have eleven slots each, and a device's envs and annotations in maps of their own.
-//! So the charge counts nodes as std's `BTreeMap` makes them, each array as allocated (its
+//! B-tree nodes have sixteen slots each (eleven in the maps of types and of a device's envs and
+//! annotations). So the charge counts nodes as imbl's `OrdMap` and std's `BTreeMap` make them, each array as allocated (its
 //! capacity), and each string and node as glibc rounds it ([`heap`]).
 
 use std::collections::BTreeMap;
@@ -43,6 +43,47 @@ pub(crate) fn btree<K, V>(n: usize) -> usize {
     leaves
         .saturating_mul(leaf)
         .saturating_add((leaves.div_ceil(5) + 1).saturating_mul(inner))
+}
+
+/// Slots of a node of imbl's `OrdMap`, the map a [`crate::tree::DeviceGroup`] is (its chunk
+/// size).
+const ORD_CAPACITY: usize = 16;
+
+/// The fewest entries of an `OrdMap` leaf (the root aside) in a map only ever inserted into:
+/// imbl splits a full leaf of 16 into halves of 8 and 9.
+pub(crate) const BUILT: usize = 8;
+
+/// The fewest entries of an `OrdMap` leaf (the root aside) in a map entries were also removed
+/// from: imbl merges a leaf only below a third (5).
+pub(crate) const PATCHED: usize = 5;
+
+/// The host memory an `OrdMap` of `n` entries holds in nodes (what its keys and values own is
+/// counted apart), its leaves holding at least `least` entries ([`BUILT`] or [`PATCHED`]):
+/// at most n / `least` leaves, and, every branch but the root having at least 8 children, a
+/// seventh as many branches plus one per level. Nodes one version shares with another are
+/// counted in each: a bound, never an under-count.
+pub(crate) fn ordmap<K, V>(n: usize, least: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    // An `Arc` (two counts) of a chunk (its two indices and the slots).
+    let chunk = |slots: usize| 4 * size_of::<usize>() + slots;
+    let leaf = heap(chunk(ORD_CAPACITY * (size_of::<K>() + size_of::<V>())));
+    if n <= ORD_CAPACITY {
+        return leaf;
+    }
+    let leaves = n.div_ceil(least.max(1));
+    // The keys, then the children's chunk and which kind they are.
+    let branch = heap(
+        chunk(ORD_CAPACITY * size_of::<K>())
+            + 4 * size_of::<usize>()
+            + (ORD_CAPACITY + 1) * size_of::<usize>(),
+    );
+    // Levels: at most log base 8 of the leaves, and 64 bits of entries.
+    let branches = leaves.div_ceil(7) + 22;
+    leaves
+        .saturating_mul(leaf)
+        .saturating_add(branches.saturating_mul(branch))
 }
 
 /// A vector's heap share as allocated (its capacity, not its length), and what each element
@@ -154,7 +195,7 @@ pub(crate) fn validated_bytes(tree: &super::DeviceTree) -> usize {
                 .iter()
                 .map(|(id, info)| validated_device(id, info))
                 .fold(
-                    heap(dev_type.len()) + btree::<String, DeviceInfo>(group.len()),
+                    heap(dev_type.len()) + ordmap::<String, DeviceInfo>(group.len(), BUILT),
                     usize::saturating_add,
                 )
         })
@@ -177,6 +218,27 @@ mod tests {
         assert!(btree::<u64, u64>(12) > btree::<u64, u64>(11));
         for n in 1..10_000 {
             assert!(btree::<u64, u64>(n + 1) >= btree::<u64, u64>(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_device_group_is_charged_its_nodes_the_more_when_patched() {
+        assert_eq!(ordmap::<u64, u64>(0, BUILT), 0);
+        // Up to sixteen entries: one leaf, its slots, the chunk's indices and the `Arc`'s counts.
+        assert_eq!(ordmap::<u64, u64>(1, BUILT), heap(16 * 16 + 32));
+        assert_eq!(
+            ordmap::<u64, u64>(16, PATCHED),
+            ordmap::<u64, u64>(1, BUILT)
+        );
+        for n in 1..10_000 {
+            assert!(
+                ordmap::<u64, u64>(n + 1, BUILT) >= ordmap::<u64, u64>(n, BUILT),
+                "{n}"
+            );
+            assert!(
+                ordmap::<u64, u64>(n, PATCHED) >= ordmap::<u64, u64>(n, BUILT),
+                "{n}"
+            );
         }
     }
 

@@ -32,6 +32,8 @@ mod service;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -60,12 +62,38 @@ impl PluginSockets {
     }
 }
 
+/// A resource's devices as its owner gave them, with their ListAndWatch list encoded once for
+/// every stream ([`ResourcePlugin::list`]).
+pub(crate) struct Listed<D> {
+    pub(crate) devices: Arc<D>,
+    pub(crate) list: Bytes,
+}
+
+// By hand: a derive would ask `D: Clone`.
+impl<D> Clone for Listed<D> {
+    fn clone(&self) -> Self {
+        Listed {
+            devices: self.devices.clone(),
+            list: self.list.clone(),
+        }
+    }
+}
+
+impl<D> Listed<D> {
+    fn of<P: ResourcePlugin<Devices = D>>(devices: Arc<D>) -> Self {
+        Listed {
+            list: P::list(&devices),
+            devices,
+        }
+    }
+}
+
 /// A running resource server, answering with `P`. Dropping it without [`ResourceServer::stop`]
 /// also stops it.
 pub struct ResourceServer<P: ResourcePlugin> {
     resource: Resource,
     plugin: Arc<P>,
-    devices: watch::Sender<Arc<P::Devices>>,
+    devices: watch::Sender<Listed<P::Devices>>,
     cancel: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -87,7 +115,7 @@ impl<P: ResourcePlugin> ResourceServer<P> {
         plugin: P,
         report: impl ServerReport,
     ) -> Self {
-        let (tx, rx) = watch::channel(devices);
+        let (tx, rx) = watch::channel(Listed::of::<P>(devices));
         let cancel = CancellationToken::new();
         let plugin = Arc::new(plugin);
         let service = PluginService {
@@ -126,10 +154,10 @@ impl<P: ResourcePlugin> ResourceServer<P> {
     /// list sent for nothing: a scanner that changes only that, over and over, must not flood
     /// kubelet with identical lists.
     pub fn update(&self, devices: Arc<P::Devices>) {
-        let list = P::list(&devices);
+        let new = Listed::of::<P>(devices);
         self.devices.send_if_modified(|current| {
-            let changed = P::list(current) != list;
-            *current = devices;
+            let changed = current.list != new.list;
+            *current = new;
             changed
         });
     }
@@ -165,15 +193,12 @@ mod tests {
             api::DevicePluginOptions::default()
         }
 
-        fn list(devices: &Vec<String>) -> Vec<api::Device> {
-            devices
-                .iter()
-                .map(|id| api::Device {
-                    id: id.clone(),
-                    health: "Healthy".into(),
-                    topology: None,
-                })
-                .collect()
+        fn list(devices: &Vec<String>) -> Bytes {
+            let mut list = crate::list::ListEncoder::default();
+            for id in devices {
+                list.push(id, "Healthy", None);
+            }
+            list.finish()
         }
 
         async fn allocate(

@@ -10,6 +10,8 @@ use std::future::Future;
 
 use tonic::Status;
 
+use bytes::Bytes;
+
 use crate::api;
 
 /// The answers of one resource to kubelet's DevicePlugin calls, for the server to put on the
@@ -23,9 +25,11 @@ pub trait ResourcePlugin: Send + Sync + 'static {
     /// kubelet calls PreStartContainer and GetPreferredAllocation.
     fn options(&self) -> api::DevicePluginOptions;
 
-    /// `devices` as kubelet's `Device`s, for a ListAndWatch message. An associated function: the
-    /// conversion depends on the list alone.
-    fn list(devices: &Self::Devices) -> Vec<api::Device>;
+    /// `devices` as kubelet's `Device`s, encoded for a ListAndWatch message
+    /// ([`crate::list::ListEncoder`], or [`crate::list::encode`] of `api::Device`s). Called once
+    /// per update, and sent as it is by every stream. An associated function: the conversion
+    /// depends on the list alone.
+    fn list(devices: &Self::Devices) -> Bytes;
 
     /// The answer to `Allocate` for `requests`, one container each, from the current `devices`.
     fn allocate(

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use super::Listed;
 use super::lifecycle::{StreamEnd, Streams};
 use super::plugin::ResourcePlugin;
 use super::report::ServerReport;
@@ -21,7 +22,7 @@ use crate::names::Resource;
 /// The DevicePlugin service of one resource. Cheap to clone: one per connection.
 pub(super) struct PluginService<P: ResourcePlugin> {
     pub(super) resource: Arc<Resource>,
-    pub(super) devices: watch::Receiver<Arc<P::Devices>>,
+    pub(super) devices: watch::Receiver<Listed<P::Devices>>,
     pub(super) plugin: Arc<P>,
     /// Cancelled when this socket stops serving; ends open streams.
     pub(super) stop: CancellationToken,
@@ -81,8 +82,8 @@ impl<P: ResourcePlugin> DevicePlugin for PluginService<P> {
                 _ = stop.cancelled() => None,
                 changed = rx.changed() => match changed {
                     Ok(()) => {
-                        let devices = P::list(&rx.borrow_and_update());
-                        let list = api::ListAndWatchResponse { devices };
+                        let list = rx.borrow_and_update().list.clone();
+                        let list = api::ListAndWatchResponse::from_encoded(list);
                         Some((Ok(list), (rx, stop, end)))
                     }
                     // The server was dropped: its task unlinks the socket, then cancels `stop`.
@@ -116,7 +117,7 @@ impl<P: ResourcePlugin> DevicePlugin for PluginService<P> {
         let requests = request.into_inner().container_requests;
         // The list as it is now, held for the whole call: an update meanwhile does not change
         // what this answer is built from.
-        let devices = self.devices.borrow().clone();
+        let devices = self.devices.borrow().devices.clone();
         let answer = self.plugin.allocate(&devices, requests).await;
         self.report.allocated(started.elapsed(), answer.is_ok());
         answer.map(Response::new)
