@@ -1,6 +1,6 @@
 //! Wasm against native: the `generic` scanner as a component in the wdp sandbox, against its own
-//! discovery code compiled for this machine (`generic-native`, run as a process), over the same
-//! fixture. The host's own work on the notified tree, which both sides pay, is measured natively
+//! discovery code compiled for this machine (`generic-native`, run as a process: a fresh
+//! instance's first scan, the state it keeps built and the tree made), over the same fixture. The host's own work on the notified tree, which both sides pay, is measured natively
 //! and subtracted from the wasm spans; from the warm ones also the delivery of the change
 //! (inotify to a woken task), which the native scan, timed inside its process, does not wait for.
 
@@ -192,16 +192,22 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         .saturating_sub(check_m);
     let cold_scan = med(&cold).saturating_sub(check_m);
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
-    let r_warm = ratio(warm_scan, std_m);
+    // Judged on the fresh instance: its first scan is what the native scan does (the whole
+    // fixture discovered, the state kept between scans built). A warm instance follows the
+    // change (the host's directory changes, one device built and told): not the same work.
+    let r_cold = ratio(cold_scan, std_m);
     report.push(Row::value(
         &format!("wasm scanner vs the same logic native, {n} devices"),
         "<= 1.5x native",
-        format!("{r_warm:.2}x"),
-        format!("{:.2}x cold instance", ratio(cold_scan, std_m)),
-        Some(r_warm <= 1.5),
+        format!("{r_cold:.2}x"),
+        format!(
+            "{:.2}x warm instance (follows the change)",
+            ratio(warm_scan, std_m)
+        ),
+        Some(r_cold <= 1.5),
         &format!(
-            "generic over `/dev/bench/d*` (as mounts); scan medians: wasm {} (warm instance), native {}",
-            human(warm_scan),
+            "generic over `/dev/bench/d*` (as mounts), a fresh instance's first scan; scan medians: wasm {}, native {}",
+            human(cold_scan),
             human(std_m)
         ),
     ));
@@ -224,7 +230,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
          | span | median | p99 | n |\n|---|---|---|---|\n",
     );
     t += &line(
-        "native scan (`generic-native`: parse DEVICES + discover over std::fs)",
+        "native scan (`generic-native`: parse DEVICES + a fresh instance's first scan over std::fs)",
         &native_std,
     );
     t += &line(
@@ -249,11 +255,12 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         &delivery,
     );
     t += &format!(
-        "\nEstimated wasm scan (warm): {} = {:.2}x native. Fresh instance: {} = {:.2}x.\n",
-        human(warm_scan),
-        r_warm,
+        "\nEstimated wasm scan, fresh instance (the whole fixture discovered, as natively): {} = \
+         {:.2}x native. Warm instance (the change followed): {} = {:.2}x.\n",
         human(cold_scan),
-        ratio(cold_scan, std_m)
+        ratio(cold_scan, std_m),
+        human(warm_scan),
+        ratio(warm_scan, std_m)
     );
     report
         .details

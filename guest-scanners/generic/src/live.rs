@@ -10,7 +10,7 @@
 //!
 //! Either way the tree told is what [`discover`] gives: the tests compare the two.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use wdp_guest::hostfs::HostFs;
 use wdp_guest::keptglob::KeptGlob;
@@ -26,20 +26,20 @@ use crate::discover::{discover, with_path};
 pub struct Live<F> {
     fs: F,
     types: Vec<Kept>,
+    /// A scan was made: the next one's changes are told (the first's are not used).
+    scanned: bool,
 }
 
 enum Kept {
-    /// One group of one path: its devices follow the glob's matches.
+    /// One group of one path globbing one directory: its devices follow the glob's matches.
     Matches {
         name: String,
         spec: PathSpec,
         count: u32,
         glob: KeptGlob,
-        /// The devices of each match, by path.
-        devices: BTreeMap<String, Vec<Device>>,
-        /// The path each id (before `count`'s suffix) was made from: two paths that make one
-        /// id leave the first, as [`discover`] does, which this keeping does not follow.
-        owners: HashMap<String, String>,
+        /// The device of each match (its id before `count`'s suffix, and its information), by
+        /// path.
+        devices: BTreeMap<String, (String, DeviceInfo)>,
     },
     /// Discovered whole at each scan.
     Whole { dt: DeviceType, group: DeviceGroup },
@@ -52,6 +52,7 @@ impl Kept {
             && group.usb.is_empty()
             && spec.limit >= 1
             && let Ok(glob) = KeptGlob::new(&spec.path)
+            && glob.follows_a_directory()
         {
             return Kept::Matches {
                 name: dt.name,
@@ -59,7 +60,6 @@ impl Kept {
                 count: group.count,
                 glob,
                 devices: BTreeMap::new(),
-                owners: HashMap::new(),
             };
         }
         Kept::whole(dt)
@@ -73,9 +73,9 @@ impl Kept {
         Kept::Whole { dt, group }
     }
 
-    /// Scans this type again: its changes (`None` for no change), or `Err(())` when they cannot
-    /// be said.
-    fn scan(&mut self, fs: &impl HostFs) -> Result<Option<GroupChanges>, ()> {
+    /// Scans this type again: its changes (`None` for no change, and always when not `told`:
+    /// nobody reads them), or `Err(())` when they cannot be said.
+    fn scan(&mut self, fs: &impl HostFs, told: bool) -> Result<Option<GroupChanges>, ()> {
         match self {
             Kept::Whole { dt, group } => {
                 let now = discover(std::slice::from_ref(dt), fs);
@@ -90,7 +90,6 @@ impl Kept {
                 count,
                 glob,
                 devices,
-                owners,
             } => {
                 let found = glob.update(fs);
                 let mut changes = GroupChanges {
@@ -99,34 +98,33 @@ impl Kept {
                     removed: Vec::new(),
                 };
                 for path in found.removed {
-                    if let Some(gone) = devices.remove(&path) {
-                        owners.remove(&id_from_path(&path));
-                        changes.removed.extend(gone.into_iter().map(|d| d.id));
+                    if let Some((id, _)) = devices.remove(&path) {
+                        changes.removed.extend(slots(&id, *count));
                     }
                 }
                 for m in found.changed {
-                    let id = id_from_path(&m.path);
-                    if owners.get(&id).is_some_and(|owner| *owner != m.path) {
+                    // Ids are the directory's, then the entry's name: two names make one id
+                    // only when the id had to change a character of one of them, and then
+                    // only the first is in the tree, which this keeping does not follow.
+                    let name = m.path.rsplit('/').next().unwrap_or_default();
+                    if !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                    {
                         return Err(());
                     }
+                    let id = id_from_path(&m.path);
                     let info = with_path(DeviceInfo::new(), spec, m.path.clone());
-                    let ids = if *count > 1 {
-                        slot_ids(&id, *count)
-                    } else {
-                        vec![id.clone()]
-                    };
-                    let now: Vec<Device> = ids
-                        .into_iter()
-                        .map(|id| Device {
+                    if devices.get(&m.path).is_some_and(|(_, was)| *was == info) {
+                        continue;
+                    }
+                    if told {
+                        changes.changed.extend(slots(&id, *count).map(|id| Device {
                             id,
                             info: info.clone(),
-                        })
-                        .collect();
-                    if devices.get(&m.path) != Some(&now) {
-                        changes.changed.extend(now.iter().cloned());
-                        devices.insert(m.path.clone(), now);
+                        }));
                     }
-                    owners.insert(id, m.path);
+                    devices.insert(m.path, (id, info));
                 }
                 Ok((!changes.changed.is_empty() || !changes.removed.is_empty()).then_some(changes))
             }
@@ -136,9 +134,22 @@ impl Kept {
     fn group(&self) -> DeviceGroup {
         match self {
             Kept::Whole { group, .. } => group.clone(),
-            Kept::Matches { name, devices, .. } => DeviceGroup {
+            Kept::Matches {
+                name,
+                devices,
+                count,
+                ..
+            } => DeviceGroup {
                 dev_type: name.clone(),
-                devices: devices.values().flatten().cloned().collect(),
+                devices: devices
+                    .values()
+                    .flat_map(|(id, info)| {
+                        slots(id, *count).map(|id| Device {
+                            id,
+                            info: info.clone(),
+                        })
+                    })
+                    .collect(),
             },
         }
     }
@@ -160,12 +171,20 @@ impl Kept {
     }
 }
 
+/// The ids of a device made `count` times: `<id>-0` .. (see [`slot_ids`]), or the id itself.
+fn slots(id: &str, count: u32) -> impl Iterator<Item = String> + '_ {
+    let shared = (count > 1).then(|| slot_ids(id, count));
+    let single = (count <= 1).then(|| id.to_string());
+    shared.into_iter().flatten().chain(single)
+}
+
 impl<F: HostFs> Live<F> {
     /// The configured `types` over `fs`, nothing scanned yet.
     pub fn new(types: Vec<DeviceType>, fs: F) -> Self {
         Live {
             fs,
             types: types.into_iter().map(Kept::new).collect(),
+            scanned: false,
         }
     }
 }
@@ -174,8 +193,9 @@ impl<F: HostFs> Incremental for Live<F> {
     fn scan(&mut self) -> Result<Option<Vec<GroupChanges>>, String> {
         let mut changes = Vec::new();
         let mut said = true;
+        let told = std::mem::replace(&mut self.scanned, true);
         for kept in &mut self.types {
-            match kept.scan(&self.fs) {
+            match kept.scan(&self.fs, told) {
                 Ok(Some(c)) => changes.push(c),
                 Ok(None) => {}
                 Err(()) => {
@@ -183,7 +203,7 @@ impl<F: HostFs> Incremental for Live<F> {
                     // first as the tree always did.
                     if let Some(dt) = kept.config() {
                         *kept = Kept::whole(dt);
-                        let _ = kept.scan(&self.fs);
+                        let _ = kept.scan(&self.fs, told);
                     }
                     said = false;
                 }

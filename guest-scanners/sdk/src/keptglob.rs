@@ -68,6 +68,12 @@ impl KeptGlob {
         &self.pattern
     }
 
+    /// True when the pattern's only glob is its last component: its matches are the entries of
+    /// one directory, followed through the host's changes of it.
+    pub fn follows_a_directory(&self) -> bool {
+        self.dir.is_some()
+    }
+
     /// The matches as of the last update, sorted by path.
     pub fn matches(&self) -> impl Iterator<Item = Match> + '_ {
         self.matches.iter().map(|(path, node)| Match {

@@ -1,5 +1,5 @@
-//! `generic-native`: the `generic` scanner's discovery (its own `config.rs` and `discover.rs`,
-//! included from source) compiled for the build machine instead of wasm32-wasip2, with the same
+//! `generic-native`: the `generic` scanner's discovery (its own `config.rs`, `discover.rs` and
+//! `live.rs`, included from source) compiled for the build machine instead of wasm32-wasip2, with the same
 //! release profile as the guests, reading a fixture's /dev with `std::fs` where the guest calls
 //! the host's `devfs`. `make bench` builds it natively (`cargo build --release -p generic-native`
 //! in this workspace) and times it against the wasm component over the same fixture.
@@ -9,8 +9,10 @@
 //! ```
 //!
 //! Prints `devices <count>` (of the first type), then the duration of each timed scan in
-//! nanoseconds, one per line. A scan is what the guest's `scan_once` does: parse `DEVICES` (the
-//! guest parses it once per instance; counting it here only favours wasm) and discover.
+//! nanoseconds, one per line. A scan is what a fresh instance of the guest does first: parse
+//! `DEVICES` (counting it here only favours wasm), scan with the state it keeps between scans
+//! (`live::Live`: the globs' matches and the devices made of them) and make the tree it
+//! notifies.
 
 #[allow(dead_code)]
 #[path = "../../../generic/src/config.rs"]
@@ -18,6 +20,9 @@ mod config;
 #[allow(dead_code)]
 #[path = "../../../generic/src/discover.rs"]
 mod discover;
+#[allow(dead_code)]
+#[path = "../../../generic/src/live.rs"]
+mod live;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -169,8 +174,15 @@ fn main() -> Result<(), String> {
     };
     let devices = devices.ok_or("--devices is required")?;
     let scan = || -> Result<wdp_guest::DeviceTree, String> {
+        use wdp_guest::scan::Incremental;
         let types = config::parse_devices(Some(&devices))?;
-        Ok(discover::discover(&types, &machine))
+        let fs = StdFs {
+            dev_root: machine.dev_root.clone(),
+            sys_root: machine.sys_root.clone(),
+        };
+        let mut live = live::Live::new(types, fs);
+        live.scan()?;
+        Ok(live.tree())
     };
     let first = scan()?;
     println!("devices {}", first.first().map_or(0, |g| g.devices.len()));
