@@ -2,20 +2,24 @@
 //!
 //! Why: a type such as `[{"name":"bulk","groups":[{"paths":[{"path":"/dev/bulk/d*"}]}]}]` over
 //! 10,000 nodes would otherwise be discovered whole on every scan, 10,000 devices built and
-//! compared for one node that came or went. A type of one group of one path (the common shape)
-//! is kept as one device (or `count` shared slots) per match of a [`KeptGlob`], which follows the
-//! host's record of what changed in the directory: a scan after one hot-plug builds one device.
-//! Any other type (several groups or paths, whose devices zip matches together, or USB) is
-//! discovered whole and compared with its last group, as [`wdp_guest::run`] would.
+//! compared for one node that came or went. A type of one group of one path globbing one
+//! directory (the common shape) is kept as one device per match of a [`KeptGlob`], which follows
+//! the host's record of what changed in the directory: a scan after one hot-plug builds one
+//! device. Any other type (several groups or paths, whose devices zip matches together, shared
+//! devices, or USB) is discovered whole and compared with its last group, as [`wdp_guest::run`]
+//! would.
 //!
-//! Either way the tree told is what [`discover`] gives: the tests compare the two.
+//! The state is the tree itself, each kept type's devices in the order they came (a device gone
+//! is replaced by the last one): the host keys devices by id, so the order means nothing to it,
+//! and the whole tree, when it is told, is told without a copy. Its devices are what
+//! [`discover`] gives: the tests compare the two.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use wdp_guest::hostfs::HostFs;
 use wdp_guest::keptglob::KeptGlob;
 use wdp_guest::scan::{Incremental, changes_between};
-use wdp_guest::tree::{id_from_path, slot_ids};
+use wdp_guest::tree::id_from_path;
 use wdp_guest::types::{Device, DeviceGroup, GroupChanges};
 use wdp_guest::{DeviceInfo, DeviceTree};
 
@@ -25,6 +29,9 @@ use crate::discover::{discover, with_path};
 /// The configured types over filesystem `fs`, kept between scans.
 pub struct Live<F> {
     fs: F,
+    /// One group per configured type, in their order.
+    tree: DeviceTree,
+    /// How each group is kept.
     types: Vec<Kept>,
     /// A scan was made: the next one's changes are told (the first's are not used).
     scanned: bool,
@@ -33,74 +40,92 @@ pub struct Live<F> {
 enum Kept {
     /// One group of one path globbing one directory: its devices follow the glob's matches.
     Matches {
-        name: String,
         spec: PathSpec,
-        count: u32,
         glob: KeptGlob,
-        /// The device of each match (its id before `count`'s suffix, and its information), by
-        /// path.
-        devices: BTreeMap<String, (String, DeviceInfo)>,
+        /// The path each device was made from, by position in the group.
+        paths: Vec<String>,
+        /// The position of each path's device in the group.
+        at: HashMap<String, usize>,
     },
     /// Discovered whole at each scan.
-    Whole { dt: DeviceType, group: DeviceGroup },
+    Whole(DeviceType),
 }
 
 impl Kept {
-    fn new(dt: DeviceType) -> Self {
+    fn new(dt: &DeviceType) -> Self {
         if let [group] = dt.groups.as_slice()
             && let [spec] = group.paths.as_slice()
             && group.usb.is_empty()
+            && group.count <= 1
             && spec.limit >= 1
             && let Ok(glob) = KeptGlob::new(&spec.path)
             && glob.follows_a_directory()
         {
             return Kept::Matches {
-                name: dt.name,
                 spec: spec.clone(),
-                count: group.count,
                 glob,
-                devices: BTreeMap::new(),
+                paths: Vec::new(),
+                at: HashMap::new(),
             };
         }
-        Kept::whole(dt)
+        Kept::Whole(dt.clone())
     }
 
-    fn whole(dt: DeviceType) -> Self {
-        let group = DeviceGroup {
-            dev_type: dt.name.clone(),
-            devices: Vec::new(),
-        };
-        Kept::Whole { dt, group }
-    }
-
-    /// Scans this type again: its changes (`None` for no change, and always when not `told`:
-    /// nobody reads them), or `Err(())` when they cannot be said.
-    fn scan(&mut self, fs: &impl HostFs, told: bool) -> Result<Option<GroupChanges>, ()> {
+    /// The type as configured (for a kept one, rebuilt from what it keeps).
+    fn config(&self, name: &str) -> DeviceType {
         match self {
-            Kept::Whole { dt, group } => {
+            Kept::Whole(dt) => dt.clone(),
+            Kept::Matches { spec, .. } => DeviceType {
+                name: name.to_string(),
+                groups: vec![crate::config::Group {
+                    paths: vec![spec.clone()],
+                    usb: Vec::new(),
+                    count: 1,
+                }],
+            },
+        }
+    }
+
+    /// Scans this type again into `group`: its changes (`None` for no change, and always when
+    /// not `told`: nobody reads them), or `Err(())` when they cannot be said.
+    fn scan(
+        &mut self,
+        group: &mut DeviceGroup,
+        fs: &impl HostFs,
+        told: bool,
+    ) -> Result<Option<GroupChanges>, ()> {
+        let mut changes = GroupChanges {
+            dev_type: group.dev_type.clone(),
+            changed: Vec::new(),
+            removed: Vec::new(),
+        };
+        match self {
+            Kept::Whole(dt) => {
                 let now = discover(std::slice::from_ref(dt), fs);
-                let said = changes_between((&vec![group.clone()], &[]), (&now, &[]));
+                let before = vec![DeviceGroup {
+                    dev_type: group.dev_type.clone(),
+                    devices: std::mem::take(&mut group.devices),
+                }];
+                let said = changes_between((&before, &[]), (&now, &[]));
                 *group = now.into_iter().next().ok_or(())?;
                 let (changes, _) = said.ok_or(())?;
-                Ok(changes.into_iter().next())
+                return Ok(changes.into_iter().next());
             }
             Kept::Matches {
-                name,
                 spec,
-                count,
                 glob,
-                devices,
+                paths,
+                at,
             } => {
                 let found = glob.update(fs);
-                let mut changes = GroupChanges {
-                    dev_type: name.clone(),
-                    changed: Vec::new(),
-                    removed: Vec::new(),
-                };
                 for path in found.removed {
-                    if let Some((id, _)) = devices.remove(&path) {
-                        changes.removed.extend(slots(&id, *count));
+                    let Some(i) = at.remove(&path) else { continue };
+                    let gone = group.devices.swap_remove(i);
+                    paths.swap_remove(i);
+                    if let Some(moved) = paths.get(i) {
+                        at.insert(moved.clone(), i);
                     }
+                    changes.removed.push(gone.id);
                 }
                 for m in found.changed {
                     // Ids are the directory's, then the entry's name: two names make one id
@@ -113,69 +138,29 @@ impl Kept {
                     {
                         return Err(());
                     }
-                    let id = id_from_path(&m.path);
                     let info = with_path(DeviceInfo::new(), spec, m.path.clone());
-                    if devices.get(&m.path).is_some_and(|(_, was)| *was == info) {
-                        continue;
-                    }
+                    let i = match at.get(&m.path) {
+                        Some(&i) if group.devices[i].info == info => continue,
+                        Some(&i) => {
+                            group.devices[i].info = info;
+                            i
+                        }
+                        None => {
+                            let id = id_from_path(&m.path);
+                            at.insert(m.path.clone(), group.devices.len());
+                            paths.push(m.path);
+                            group.devices.push(Device { id, info });
+                            group.devices.len() - 1
+                        }
+                    };
                     if told {
-                        changes.changed.extend(slots(&id, *count).map(|id| Device {
-                            id,
-                            info: info.clone(),
-                        }));
+                        changes.changed.push(group.devices[i].clone());
                     }
-                    devices.insert(m.path, (id, info));
                 }
-                Ok((!changes.changed.is_empty() || !changes.removed.is_empty()).then_some(changes))
             }
         }
+        Ok((!changes.changed.is_empty() || !changes.removed.is_empty()).then_some(changes))
     }
-
-    fn group(&self) -> DeviceGroup {
-        match self {
-            Kept::Whole { group, .. } => group.clone(),
-            Kept::Matches {
-                name,
-                devices,
-                count,
-                ..
-            } => DeviceGroup {
-                dev_type: name.clone(),
-                devices: devices
-                    .values()
-                    .flat_map(|(id, info)| {
-                        slots(id, *count).map(|id| Device {
-                            id,
-                            info: info.clone(),
-                        })
-                    })
-                    .collect(),
-            },
-        }
-    }
-
-    fn config(&self) -> Option<DeviceType> {
-        match self {
-            Kept::Whole { .. } => None,
-            Kept::Matches {
-                name, spec, count, ..
-            } => Some(DeviceType {
-                name: name.clone(),
-                groups: vec![crate::config::Group {
-                    paths: vec![spec.clone()],
-                    usb: Vec::new(),
-                    count: *count,
-                }],
-            }),
-        }
-    }
-}
-
-/// The ids of a device made `count` times: `<id>-0` .. (see [`slot_ids`]), or the id itself.
-fn slots(id: &str, count: u32) -> impl Iterator<Item = String> + '_ {
-    let shared = (count > 1).then(|| slot_ids(id, count));
-    let single = (count <= 1).then(|| id.to_string());
-    shared.into_iter().flatten().chain(single)
 }
 
 impl<F: HostFs> Live<F> {
@@ -183,7 +168,14 @@ impl<F: HostFs> Live<F> {
     pub fn new(types: Vec<DeviceType>, fs: F) -> Self {
         Live {
             fs,
-            types: types.into_iter().map(Kept::new).collect(),
+            tree: types
+                .iter()
+                .map(|dt| DeviceGroup {
+                    dev_type: dt.name.clone(),
+                    devices: Vec::new(),
+                })
+                .collect(),
+            types: types.iter().map(Kept::new).collect(),
             scanned: false,
         }
     }
@@ -194,17 +186,16 @@ impl<F: HostFs> Incremental for Live<F> {
         let mut changes = Vec::new();
         let mut said = true;
         let told = std::mem::replace(&mut self.scanned, true);
-        for kept in &mut self.types {
-            match kept.scan(&self.fs, told) {
+        for (kept, group) in self.types.iter_mut().zip(self.tree.iter_mut()) {
+            match kept.scan(group, &self.fs, told) {
                 Ok(Some(c)) => changes.push(c),
                 Ok(None) => {}
                 Err(()) => {
                     // Two matches make one id: discovered whole from now on, which keeps the
                     // first as the tree always did.
-                    if let Some(dt) = kept.config() {
-                        *kept = Kept::whole(dt);
-                        let _ = kept.scan(&self.fs, told);
-                    }
+                    *kept = Kept::Whole(kept.config(&group.dev_type));
+                    group.devices.clear();
+                    let _ = kept.scan(group, &self.fs, told);
                     said = false;
                 }
             }
@@ -212,8 +203,8 @@ impl<F: HostFs> Incremental for Live<F> {
         Ok(said.then_some(changes))
     }
 
-    fn tree(&self) -> DeviceTree {
-        self.types.iter().map(Kept::group).collect()
+    fn tree(&self) -> &DeviceTree {
+        &self.tree
     }
 }
 
@@ -232,7 +223,18 @@ mod tests {
         live.fs = fs.clone();
         let changes = live.scan().unwrap();
         let types = parse_devices(Some(config)).unwrap();
-        assert_eq!(live.tree(), discover(&types, fs), "{config}");
+        // In any order: the host keys devices by id.
+        let sorted = |mut tree: DeviceTree| {
+            for g in &mut tree {
+                g.devices.sort_by(|a, b| a.id.cmp(&b.id));
+            }
+            tree
+        };
+        assert_eq!(
+            sorted(live.tree().clone()),
+            sorted(discover(&types, fs)),
+            "{config}"
+        );
         changes
     }
 
@@ -240,13 +242,11 @@ mod tests {
         changes
             .iter()
             .map(|g| {
-                let ids: Vec<&str> = g.changed.iter().map(|d| d.id.as_str()).collect();
-                format!(
-                    "{}: +{} -{}",
-                    g.dev_type,
-                    ids.join(","),
-                    g.removed.join(",")
-                )
+                let mut ids: Vec<&str> = g.changed.iter().map(|d| d.id.as_str()).collect();
+                let mut removed = g.removed.clone();
+                ids.sort();
+                removed.sort();
+                format!("{}: +{} -{}", g.dev_type, ids.join(","), removed.join(","))
             })
             .collect()
     }

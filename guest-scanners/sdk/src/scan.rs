@@ -360,8 +360,8 @@ pub trait Incremental {
     /// say (then the whole tree is told). The first scan's answer is not used: the whole tree
     /// is told then.
     fn scan(&mut self) -> Result<Option<Vec<GroupChanges>>, String>;
-    /// The whole tree as of the last scan.
-    fn tree(&self) -> DeviceTree;
+    /// The whole tree as of the last scan (kept by the scanner: told without a copy).
+    fn tree(&self) -> &DeviceTree;
 }
 
 /// Runs an [`Incremental`] scanner forever, as [`run`] runs a plain one: the first tree whole,
@@ -389,11 +389,11 @@ pub fn run_incremental_telling(
         match scanner.scan()? {
             Some(changes) if told => {
                 if !changes.is_empty() && !tell.changes(&changes, &[]) {
-                    tell.tree(&scanner.tree(), &[]);
+                    tell.tree(scanner.tree(), &[]);
                 }
             }
             _ => {
-                tell.tree(&scanner.tree(), &[]);
+                tell.tree(scanner.tree(), &[]);
                 told = true;
             }
         }
@@ -499,12 +499,14 @@ mod tests {
     /// what changed.
     struct Given {
         now: Vec<String>,
+        tree: DeviceTree,
         scans: Vec<(Vec<&'static str>, bool)>,
     }
 
     impl Incremental for Given {
         fn scan(&mut self) -> Result<Option<Vec<GroupChanges>>, String> {
             let (ids, can_say) = self.scans.remove(0);
+            self.tree = vec![group("t", &ids)];
             let before =
                 std::mem::replace(&mut self.now, ids.iter().map(|s| s.to_string()).collect());
             let changed = group("t", &ids)
@@ -527,9 +529,8 @@ mod tests {
             };
             Ok(can_say.then_some(changes))
         }
-        fn tree(&self) -> DeviceTree {
-            let ids: Vec<&str> = self.now.iter().map(String::as_str).collect();
-            vec![group("t", &ids)]
+        fn tree(&self) -> &DeviceTree {
+            &self.tree
         }
     }
 
@@ -537,6 +538,7 @@ mod tests {
     fn an_incremental_scanner_tells_the_first_tree_then_what_changed() {
         let mut scanner = Given {
             now: vec![],
+            tree: vec![],
             scans: vec![
                 (vec!["a"], true),
                 (vec!["a", "b"], true),

@@ -173,7 +173,9 @@ fn main() -> Result<(), String> {
         sys_root: sys_root.ok_or("--sys-root is required")?,
     };
     let devices = devices.ok_or("--devices is required")?;
-    let scan = || -> Result<wdp_guest::DeviceTree, String> {
+    // What a fresh instance does first: its state built, and the tree it tells (by reference,
+    // as the guest's loop tells it).
+    let scan = || -> Result<live::Live<StdFs>, String> {
         use wdp_guest::scan::Incremental;
         let types = config::parse_devices(Some(&devices))?;
         let fs = StdFs {
@@ -182,16 +184,20 @@ fn main() -> Result<(), String> {
         };
         let mut live = live::Live::new(types, fs);
         live.scan()?;
-        Ok(live.tree())
+        Ok(live)
+    };
+    let count = |live: &live::Live<StdFs>| {
+        use wdp_guest::scan::Incremental;
+        live.tree().first().map_or(0, |g| g.devices.len())
     };
     let first = scan()?;
-    println!("devices {}", first.first().map_or(0, |g| g.devices.len()));
+    println!("devices {}", count(&first));
     let mut took = Vec::with_capacity(runs);
     for i in 0..warmup + runs {
         let t0 = Instant::now();
-        let tree = std::hint::black_box(scan()?);
+        let live = std::hint::black_box(scan()?);
         let elapsed = t0.elapsed();
-        drop(tree);
+        drop(live);
         if i >= warmup {
             took.push(elapsed.as_nanos());
         }
