@@ -180,7 +180,10 @@ impl HookPool {
     /// pool exhausted.
     fn allocation(self) -> PoolingAllocationConfig {
         let slots = self.slots;
-        // Keeping pages resident pays only with PAGEMAP_SCAN (Linux 6.7), which finds the pages a
+        // Keeping pages resident is where the pool's gain is: with nothing kept, every page a
+        // call touched is dropped with `madvise` and faulted in again by the next call, and a
+        // pooled hook call measured no faster than one mapped per call (criterion, 75 against
+        // 69 µs; 30 µs keeping them). It needs PAGEMAP_SCAN (Linux 6.7), which finds the pages a
         // call dirtied; without it the first bytes of every memory, table and stack would be
         // rewritten (and made resident) on every call whatever it touched.
         let pagemap = PoolingAllocationConfig::is_pagemap_scan_available();
