@@ -226,55 +226,25 @@ fn allocate_and_devfs(c: &mut Criterion) {
     });
 }
 
-/// A hook's store state: WASI only (a post-allocator imports nothing else).
-struct HookState {
-    ctx: wasmtime_wasi::WasiCtx,
-    table: wasmtime::component::ResourceTable,
-}
-
-impl wasmtime_wasi::WasiView for HookState {
-    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
-        wasmtime_wasi::WasiCtxView {
-            ctx: &mut self.ctx,
-            table: &mut self.table,
-        }
-    }
-}
-
-/// The host's engine settings (sandbox/engine.rs), with on-demand (the host's) or pooling
-/// instance allocation.
-fn hook_engine(pooling: bool) -> wasmtime::Engine {
-    let mut config = wasmtime::Config::new();
-    config
-        .wasm_component_model(true)
-        .epoch_interruption(true)
-        .max_wasm_stack(1 << 20)
-        .cranelift_opt_level(wasmtime::OptLevel::Speed);
-    if pooling {
-        let mut pool = wasmtime::PoolingAllocationConfig::default();
-        pool.total_component_instances(64)
-            .total_core_instances(512)
-            .total_memories(128)
-            .total_tables(256)
-            .total_stacks(64)
-            .max_memories_per_component(4)
-            .max_tables_per_component(8)
-            .max_core_instances_per_component(16)
-            .max_memory_size(64 << 20);
-        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
-    }
-    wasmtime::Engine::new(&config).expect("engine")
-}
-
-/// What the Allocate path pays per hooked call (hooks.rs: a fresh store and instance per call),
-/// with the host's on-demand allocator and with wasmtime's pooling allocator.
+/// What the Allocate path pays per hooked call (`Hooks::post_allocate`: a slot, a fresh store and
+/// instance, the call), with the instance from the hooks' pool (the host's) and mapped per call
+/// (the scanners' engine, where a hook the pool cannot hold runs).
 fn hook_instantiation(c: &mut Criterion) {
-    use wdp::bindings::post_allocator::PostAllocatorPluginPre;
     use wdp::bindings::types as wit;
+    use wdp::hooks::Hooks;
+    use wdp::sandbox::{Guest, Roots, Sandbox};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
+    let f = Fixture::new();
+    let sandbox = rt.block_on(async {
+        Sandbox::new(Roots {
+            sys: f.sys(),
+            dev: f.dev(),
+        })
+        .expect("sandbox")
+    });
     let component_path = wdp_tests::guest("test_hooks");
     let requests = vec![wit::ContainerAllocateRequest {
         device_ids: vec!["ttyUSB0".into()],
@@ -290,32 +260,30 @@ fn hook_instantiation(c: &mut Criterion) {
         annotations: Vec::new(),
         cdi_devices: Vec::new(),
     }];
-    for (name, pooling) in [("on-demand (as the host)", false), ("pooling", true)] {
-        let engine = hook_engine(pooling);
-        let component =
-            wasmtime::component::Component::from_file(&engine, &component_path).expect("compile");
-        let mut linker = wasmtime::component::Linker::<HookState>::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).expect("wasi");
-        let pre = PostAllocatorPluginPre::new(linker.instantiate_pre(&component).expect("link"))
-            .expect("exports post-allocator");
+    for (name, pooled) in [("pooled (the host's)", true), ("mapped per call", false)] {
+        let component = rt
+            .block_on(async {
+                if pooled {
+                    sandbox.load_hooks(&component_path).await
+                } else {
+                    sandbox.load(&component_path).await
+                }
+            })
+            .expect("load");
+        let hooks = Hooks::new(
+            sandbox.clone(),
+            Guest::new("hooks", Vec::new()),
+            Arc::new(Policy::default()),
+            &component,
+        )
+        .expect("exports post-allocator");
         c.bench_function(
             &format!("hook/fresh store + instantiate + post-allocate, {name}"),
             |b| {
                 b.iter(|| {
-                    rt.block_on(async {
-                        let state = HookState {
-                            ctx: wasmtime_wasi::WasiCtxBuilder::new().build(),
-                            table: Default::default(),
-                        };
-                        let mut store = wasmtime::Store::new(&engine, state);
-                        store.set_epoch_deadline(u64::MAX / 2);
-                        let hook = pre.instantiate_async(&mut store).await.expect("instance");
-                        hook.wdp_device_plugin_post_allocator()
-                            .call_post_allocate(&mut store, "serial", &requests, &responses)
-                            .await
-                            .expect("call")
-                            .expect("hook answer")
-                    })
+                    rt.block_on(hooks.post_allocate("serial", &requests, &responses))
+                        .expect("exported")
+                        .expect("hook answer")
                 })
             },
         );

@@ -3,8 +3,13 @@
 //!
 //! Each call runs in a fresh instance (instantiation from an `InstancePre` costs microseconds), so
 //! no state leaks from one pod's allocation into the next and a trapped or timed-out call poisons
-//! nothing. Every call has the scanner's `call-timeout` as its deadline, and `pre-start-container`
-//! at most [`PRE_START_DEADLINE`]: kubelet gives PreStartContainer 30 s
+//! nothing. The instance's memory, tables and stack come from the hooks' pool, which resets them
+//! when the instance is dropped (`sandbox::engine::hook_engine` says what is reset and why that
+//! keeps every instance fresh), so a call maps and unmaps nothing; a call waits for a free slot
+//! within its deadline ([`HookError::Busy`] when none comes).
+//!
+//! Every call has the scanner's `call-timeout` as its deadline, and `pre-start-container` at most
+//! [`PRE_START_DEADLINE`]: kubelet gives PreStartContainer 30 s
 //! (`KubeletPreStartContainerRPCTimeoutInSecs`) and fails the container when they pass, so the
 //! hook must answer, even with an error, before that. Allocate and GetPreferredAllocation have no
 //! deadline on kubelet's side.
@@ -43,6 +48,16 @@ pub enum HookError {
     #[error("{0}")]
     /// The instance failed: a trap, a limit, a missing export.
     Failed(String),
+    #[error(
+        "every one of the {slots} hook instance slots stayed taken for {waited:?}: too many hook calls at once"
+    )]
+    /// No slot of the hooks' pool came free within the call's deadline.
+    Busy {
+        /// The pool's size.
+        slots: u32,
+        /// How long the call waited.
+        waited: Duration,
+    },
 }
 
 /// The hooks one component exports, ready to call.
@@ -51,6 +66,8 @@ pub struct Hooks {
     guest: Guest,
     /// The rules its answers must follow.
     policy: Arc<Policy>,
+    /// Which engine (and so which pool) its instances come from.
+    component: LoadedComponent,
     post: Option<PostAllocatorPluginPre<GuestState>>,
     preferred: Option<PreferredAllocatorPluginPre<GuestState>>,
     pre_start: Option<PreStarterPluginPre<GuestState>>,
@@ -67,8 +84,8 @@ pub struct NoHooks {
 }
 
 impl Hooks {
-    /// Finds the hook exports of `component`; at least one must exist. Its answers are checked
-    /// against `policy`.
+    /// Finds the hook exports of `component` (loaded with [`Sandbox::load_hooks`]); at least one
+    /// must exist. Its answers are checked against `policy`.
     pub fn new(
         sandbox: Arc<Sandbox>,
         guest: Guest,
@@ -79,6 +96,7 @@ impl Hooks {
             sandbox,
             guest,
             policy,
+            component: component.clone(),
             post: component.post_allocator(),
             preferred: component.preferred_allocator(),
             pre_start: component.pre_starter(),
@@ -208,11 +226,25 @@ impl Hooks {
         F: FnOnce(Store<GuestState>) -> Fut,
         Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
     {
+        // The wait for a slot counts against the call's deadline: kubelet's does not stop.
+        let waiting = std::time::Instant::now();
+        let Ok(slot) =
+            tokio::time::timeout(deadline, self.sandbox.hook_slot(&self.component)).await
+        else {
+            return Err(HookError::Busy {
+                slots: self.sandbox.hook_pool().slots,
+                waited: deadline,
+            });
+        };
+        let remaining = deadline.saturating_sub(waiting.elapsed());
         let store = self
             .sandbox
-            .store(&self.guest, None)
+            .hook_store(&self.guest, &self.component)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
-        match tokio::time::timeout(deadline, f(store)).await {
+        // The store (and with it the instance and its pool slot) is dropped by the end of this
+        // `match`, before `slot` lets another call take the slot.
+        let _slot = slot;
+        match tokio::time::timeout(remaining, f(store)).await {
             Err(_) => Err(HookError::Timeout(deadline)),
             // The CPU budget is as long as the deadline: a hook that spins meets whichever
             // fires first, and either way it ran out of its time.

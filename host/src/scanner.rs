@@ -255,7 +255,7 @@ async fn run_once(sandbox: &Sandbox, scanner: &Scanner, mut sink: EventSink) -> 
     let memory = usize::try_from(scanner.guest.limits.memory).unwrap_or(usize::MAX);
     let (notify, mut latest) = coalescing(scanner.guest.metrics.clone(), memory);
     let mut store = sandbox
-        .store(&scanner.guest, Some(Box::new(notify)))
+        .store(&scanner.guest, Box::new(notify))
         .map_err(|e| e.to_string())?;
     let plugin = scanner
         .pre

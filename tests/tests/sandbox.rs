@@ -250,3 +250,169 @@ async fn wait_for_change_wakes_on_hotplug_and_unplug() {
     f.remove_dev("net/tun");
     assert!(kvm.next_tree().await.0.is_empty());
 }
+
+/// A hook's answer to one Allocate of `ttyUSB0`, and the first response's `RESIDUE` env (what
+/// the `residue` mode found of an earlier call in its memory).
+mod residue {
+    use wdp::bindings::types as wit;
+
+    pub fn requests() -> Vec<wit::ContainerAllocateRequest> {
+        vec![wit::ContainerAllocateRequest {
+            device_ids: vec!["ttyUSB0".into()],
+        }]
+    }
+
+    pub fn responses() -> Vec<wit::ContainerAllocateResponse> {
+        vec![wit::ContainerAllocateResponse {
+            envs: Vec::new(),
+            mounts: Vec::new(),
+            devices: Vec::new(),
+            annotations: Vec::new(),
+            cdi_devices: Vec::new(),
+        }]
+    }
+
+    pub fn found(answer: &[wit::ContainerAllocateResponse]) -> usize {
+        let envs = &answer.first().expect("one response").envs;
+        let (_, found) = envs
+            .iter()
+            .find(|(k, _)| k == "RESIDUE")
+            .expect("RESIDUE in the answer");
+        found.parse().expect("a count")
+    }
+}
+
+/// Hook instances come from the hooks' pool, whose slots are reused: every call still gets a
+/// memory holding nothing of an earlier instance's. The `residue` hook leaves marks in its static
+/// data and through 4 MiB of heap, and counts the marks it finds: one instance called twice
+/// finds its own (the check sees what is left), and the calls after it, each in a fresh
+/// instance in the same slot, find none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
+    use std::sync::Arc;
+    use wdp::hooks::Hooks;
+    use wdp::policy::Policy;
+    use wdp::sandbox::Guest;
+
+    let f = Fixture::new();
+    let sandbox = Sandbox::new(roots(&f)).unwrap();
+    let component = sandbox
+        .load_hooks(&wdp_tests::guest("test_hooks"))
+        .await
+        .unwrap();
+    let guest = Guest::new("residue", vec![("HOOK_MODE".into(), "residue".into())]);
+    let metrics = || sandbox.hook_engine().pooling_allocator_metrics().unwrap();
+
+    // The check itself: one instance, two calls, and the second finds what the first left.
+    {
+        let mut store = sandbox.hook_store(&guest, &component).unwrap();
+        let pre = component.post_allocator().unwrap();
+        let hook = pre.instantiate_async(&mut store).await.unwrap();
+        assert_eq!(metrics().component_instances(), 1, "from the pool");
+        let mut call = async || {
+            hook.wdp_device_plugin_post_allocator()
+                .call_post_allocate(
+                    &mut store,
+                    "serial",
+                    &residue::requests(),
+                    &residue::responses(),
+                )
+                .await
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(residue::found(&call().await), 0, "a fresh instance");
+        assert!(residue::found(&call().await) > 0, "the same instance again");
+    }
+    assert_eq!(metrics().component_instances(), 0, "the slot went back");
+
+    let hooks = Hooks::new(
+        sandbox.clone(),
+        guest,
+        Arc::new(Policy::default()),
+        &component,
+    )
+    .unwrap();
+    for call in 0..3 {
+        let answer = hooks
+            .post_allocate("serial", &residue::requests(), &residue::responses())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(residue::found(&answer), 0, "call {call}");
+    }
+    let pool = metrics();
+    assert_eq!(pool.component_instances(), 0);
+    // Four instances, one at a time, over the pool's slots: memories were reused, warm.
+    assert!(pool.unused_warm_memories() >= 1);
+    assert!(pool.unused_warm_memories() <= sandbox.hook_pool().slots);
+}
+
+/// More hook calls at once than the pool has slots: a call waits for a slot within its deadline,
+/// and one whose deadline passes while every slot is taken fails with an error saying so; the
+/// slot goes back when the call holding it ends, even by its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_call_without_a_free_slot_waits_then_says_so() {
+    use std::sync::Arc;
+    use wdp::hooks::{HookError, Hooks};
+    use wdp::policy::Policy;
+    use wdp::sandbox::{Guest, HookPool, SandboxOptions};
+
+    let f = Fixture::new();
+    let sandbox = Sandbox::with_options(
+        roots(&f),
+        SandboxOptions {
+            hook_pool: HookPool { slots: 1 },
+            ..SandboxOptions::default()
+        },
+    )
+    .unwrap();
+    let component = sandbox
+        .load_hooks(&wdp_tests::guest("test_hooks"))
+        .await
+        .unwrap();
+    let hooks = |mode: &str, call_timeout: Duration| {
+        let guest = Guest {
+            limits: GuestLimits {
+                call_timeout,
+                ..GuestLimits::default()
+            },
+            ..Guest::new(mode, vec![("HOOK_MODE".into(), mode.into())])
+        };
+        Arc::new(
+            Hooks::new(
+                sandbox.clone(),
+                guest,
+                Arc::new(Policy::default()),
+                &component,
+            )
+            .unwrap(),
+        )
+    };
+    let hang = hooks("hang", Duration::from_secs(2));
+    let echo = hooks("echo", Duration::from_millis(100));
+    let call = |hooks: Arc<Hooks>| async move {
+        hooks
+            .post_allocate("serial", &residue::requests(), &residue::responses())
+            .await
+            .unwrap()
+    };
+    let holding = tokio::spawn(call(hang.clone()));
+    let metrics = || sandbox.hook_engine().pooling_allocator_metrics().unwrap();
+    eventually_showing("the hanging call holds the one slot", || async {
+        match metrics().component_instances() {
+            1 => Ok(()),
+            n => Err(format!("{n} instances")),
+        }
+    })
+    .await;
+    match call(echo.clone()).await {
+        Err(HookError::Busy { slots: 1, waited }) => {
+            assert_eq!(waited, Duration::from_millis(100));
+        }
+        other => panic!("expected no free slot, got {other:?}"),
+    }
+    assert!(matches!(holding.await.unwrap(), Err(HookError::Timeout(_))));
+    assert_eq!(metrics().component_instances(), 0);
+    assert!(call(echo).await.is_ok(), "the slot is free again");
+}

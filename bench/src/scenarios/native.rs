@@ -98,7 +98,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
     let mut instantiate = Vec::new();
     for _ in 0..sizes.wasm_cold {
         let (tx, mut rx) = mpsc::channel(4);
-        let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
+        let mut store = sandbox.store(&scanner.guest, sink(tx))?;
         let t_inst = Instant::now();
         let plugin = scanner.pre.instantiate_async(&mut store).await?;
         let t0 = Instant::now();
@@ -145,7 +145,7 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         tokio::time::sleep(ms(5)).await;
     }
     let (tx, mut rx) = mpsc::channel(4);
-    let mut store = sandbox.store(&scanner.guest, Some(sink(tx)))?;
+    let mut store = sandbox.store(&scanner.guest, sink(tx))?;
     let plugin = scanner.pre.instantiate_async(&mut store).await?;
     let task = AbortOnDropHandle::new(tokio::spawn(async move {
         plugin

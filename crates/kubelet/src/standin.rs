@@ -55,6 +55,10 @@ use super::checkpoint::Checkpoint;
 use super::{API_VERSION, KUBELET_SOCKET_NAME, transport};
 use crate::names;
 
+/// A client to one plugin's socket, as kubelet holds one (the type [`StandIn::client`] returns,
+/// named so that callers can pass it around without depending on tonic).
+pub type PluginClient = DevicePluginClient<Channel>;
+
 /// kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
 const PRE_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -254,7 +258,7 @@ impl StandIn {
     }
 
     /// A client to a registered plugin, as kubelet holds one.
-    pub fn client(&self, resource: &str) -> Option<DevicePluginClient<Channel>> {
+    pub fn client(&self, resource: &str) -> Option<PluginClient> {
         self.plugins().get(resource).map(|p| p.client.clone())
     }
 

@@ -19,7 +19,7 @@ use crate::config::{self, Config, ConfigError};
 use crate::fleet::Fleet;
 use crate::manager::Claims;
 use crate::sandbox::compile_cache::CompileCache;
-use crate::sandbox::{Roots, Sandbox};
+use crate::sandbox::{HookPool, Roots, Sandbox, SandboxOptions};
 use crate::status::Observability;
 use wdp_kubelet::dir::PluginDir;
 use wdp_kubelet::server::PluginSockets;
@@ -111,7 +111,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cache = CompileCache::new(args.compile_cache)
         .with_precompiled(args.precompiled)
         .report_to(obs.disk(crate::metrics::DiskFile::CompileCache));
-    let sandbox = Sandbox::with_compile_cache(roots, Some(cache))?;
+    // Hook instances come from a pool sized by the hooks of the first config (a reload's new
+    // hooks share it: a call that finds it full waits for a slot within its deadline).
+    let hooked = config
+        .scanners
+        .iter()
+        .filter(|s| s.post_allocator.is_some())
+        .count();
+    let sandbox = Sandbox::with_options(
+        roots,
+        SandboxOptions {
+            compile_cache: Some(cache),
+            hook_pool: HookPool::for_hooked_scanners(hooked),
+            ..SandboxOptions::default()
+        },
+    )?;
     // Lives as long as the runtime: what each round of safety rescans maps again goes back.
     tokio::spawn(resident::after_rescans(sandbox.rescans()));
     let kubelet_socket = args

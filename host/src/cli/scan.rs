@@ -366,6 +366,7 @@ async fn replay(args: &ScanArgs, path: &Path) -> anyhow::Result<ExitCode> {
             compile_cache: g.compile_cache(),
             devfs: Some(devfs),
             recorder: None,
+            ..SandboxOptions::default()
         },
     )?;
     let pre = sandbox.load(&component).await?.scanner()?;

@@ -112,6 +112,7 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
             compile_cache: g.compile_cache(),
             devfs: None,
             recorder: Some(recorder.clone()),
+            ..SandboxOptions::default()
         },
     )?;
     let pre = sandbox.load(&component_path).await?.scanner()?;

@@ -1,4 +1,5 @@
-//! The wasm sandbox: one engine and linker per host, one store per guest instance.
+//! The wasm sandbox: two engines and linkers per host (scanners' instances mapped as they come,
+//! hooks' from a pool: `engine::hook_engine`), one store per guest instance.
 //!
 //! What a guest gets, and nothing more:
 //! - `/sys`: the host's sys root as a read-only WASI preopen (the whole tree, because sysfs links
@@ -30,7 +31,7 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub use engine::{Clock, Running, TICK};
+pub use engine::{Clock, HookPool, Running, TICK};
 pub use sink::{SinkClosed, TreeSink};
 pub use state::{CpuBudget, GuestState, Stopped, describe};
 
@@ -108,7 +109,8 @@ impl Default for Roots {
     }
 }
 
-/// What only `wdp snapshot` and its replay change in a sandbox.
+/// What callers change in a sandbox: `wdp snapshot` and its replay the first three, `wdp run`
+/// the hooks' pool.
 #[derive(Default)]
 pub struct SandboxOptions {
     /// Keep compiled components here across runs.
@@ -117,6 +119,8 @@ pub struct SandboxOptions {
     pub devfs: Option<DevFs>,
     /// Note every path guests (and the host for them) ask about under /sys and /dev.
     pub recorder: Option<Arc<crate::hostfs::record::Recorder>>,
+    /// How many hook instances may exist at once (`wdp run` sizes it from its configuration).
+    pub hook_pool: HookPool,
 }
 
 /// Errors setting up the sandbox or loading a component.
@@ -242,6 +246,12 @@ pub fn compile_engine() -> Result<Engine, SandboxError> {
 /// The engine, the linker and the host resources all guests share.
 pub struct Sandbox {
     engine: Engine,
+    /// Hook instances' engine: the scanners' settings, instances from a pool ([`HookPool`]).
+    hook_engine: Engine,
+    hook_linker: Linker<GuestState>,
+    /// One permit per slot of the hooks' pool: a call holds one while its store lives.
+    hook_slots: Arc<tokio::sync::Semaphore>,
+    hook_pool: HookPool,
     clock: Arc<Clock>,
     rescans: Arc<rescans::Rescans>,
     compile_cache: Option<compile_cache::CompileCache>,
@@ -275,13 +285,14 @@ impl Sandbox {
         )
     }
 
-    /// The sandbox of `wdp snapshot` and `wdp scan --from-snapshot`: like
+    /// The sandbox of `wdp run`, `wdp snapshot` and `wdp scan --from-snapshot`: like
     /// [`Sandbox::with_compile_cache`], with the extras `options` names.
     pub fn with_options(roots: Roots, options: SandboxOptions) -> Result<Arc<Self>, SandboxError> {
         let SandboxOptions {
             compile_cache: cache,
             devfs,
             recorder,
+            hook_pool,
         } = options;
         let devfs = match devfs {
             Some(devfs) => devfs,
@@ -307,19 +318,17 @@ impl Sandbox {
                 path: roots.sys.clone(),
                 error,
             })?;
-        let (engine, clock) = engine::new_engine().map_err(SandboxError::Engine)?;
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(SandboxError::Engine)?;
-        open_guard::install(&mut linker).map_err(SandboxError::Engine)?;
-        if let Some(r) = recorder {
-            recording::install(&mut linker, r).map_err(SandboxError::Engine)?;
-        }
-        bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
-            .map_err(SandboxError::Engine)?;
-        lift::install(&mut linker).map_err(SandboxError::Engine)?;
+        let (engine, hook_engine, clock) =
+            engine::new_engines(hook_pool).map_err(SandboxError::Engine)?;
+        let linker = Self::linker(&engine, recorder.clone()).map_err(SandboxError::Engine)?;
+        let hook_linker = Self::linker(&hook_engine, recorder).map_err(SandboxError::Engine)?;
         let changes = ChangeWatcher::start(&roots.dev, &roots.sys, devfs.listings());
         Ok(Arc::new(Sandbox {
             engine,
+            hook_engine,
+            hook_linker,
+            hook_slots: Arc::new(tokio::sync::Semaphore::new(hook_pool.slots as usize)),
+            hook_pool,
             clock,
             rescans: Arc::default(),
             compile_cache: cache,
@@ -330,6 +339,22 @@ impl Sandbox {
             sys_view: Arc::new(sys_view),
             changes,
         }))
+    }
+
+    /// The host's imports, for guests of `engine`.
+    fn linker(
+        engine: &Engine,
+        recorder: Option<Arc<crate::hostfs::record::Recorder>>,
+    ) -> wasmtime::Result<Linker<GuestState>> {
+        let mut linker = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        open_guard::install(&mut linker)?;
+        if let Some(r) = recorder {
+            recording::install(&mut linker, r)?;
+        }
+        bindings::scanner::ScannerPlugin::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        lift::install(&mut linker)?;
+        Ok(linker)
     }
 
     /// The safety rescans of every scanner this sandbox runs, as they start.
@@ -358,9 +383,66 @@ impl Sandbox {
         &self.devfs
     }
 
-    /// Reads and compiles a component file. Compiling is CPU-heavy (milliseconds for Rust guests,
-    /// seconds for Python), so it runs on the blocking pool.
+    /// Reads and compiles a component file for the scanners' engine. Compiling is CPU-heavy
+    /// (milliseconds for Rust guests, seconds for Python), so it runs on the blocking pool.
     pub async fn load(&self, path: &Path) -> Result<LoadedComponent, SandboxError> {
+        self.load_into(path, &self.engine, &self.linker).await
+    }
+
+    /// Reads and compiles a hook component for the hooks' engine, whose instances come from the
+    /// pool. A component the pool cannot hold (more memories, tables or core instances than a
+    /// slot has, or larger ones) is loaded for the scanners' engine instead, whose instances are
+    /// mapped per call: it runs as well, only without the pool.
+    pub async fn load_hooks(&self, path: &Path) -> Result<LoadedComponent, SandboxError> {
+        match self
+            .load_into(path, &self.hook_engine, &self.hook_linker)
+            .await
+        {
+            Ok(component) => Ok(component),
+            Err(pooled) => {
+                // The engines differ only in where instances come from: if the scanners' takes
+                // the component, the pool's limits refused it; if not, its own error says why.
+                let component = self.load(path).await?;
+                tracing::warn!(
+                    component = %path.display(),
+                    error = %pooled,
+                    "the hook component does not fit the hooks' instance pool: its instances are mapped per call"
+                );
+                Ok(component)
+            }
+        }
+    }
+
+    /// A slot of the hooks' pool for one instance of `component`, held until the instance's
+    /// store is dropped: `None` when `component` is not from the pool. Waits while every slot is
+    /// taken (the caller bounds the wait).
+    pub async fn hook_slot(
+        &self,
+        component: &LoadedComponent,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if !Engine::same(component.pre.engine(), &self.hook_engine) {
+            return None;
+        }
+        // The semaphore is never closed, so acquiring only waits.
+        self.hook_slots.clone().acquire_owned().await.ok()
+    }
+
+    /// The size of the hooks' pool.
+    pub fn hook_pool(&self) -> HookPool {
+        self.hook_pool
+    }
+
+    /// The hooks' engine, for its pool's figures (`pooling_allocator_metrics`).
+    pub fn hook_engine(&self) -> &Engine {
+        &self.hook_engine
+    }
+
+    async fn load_into(
+        &self,
+        path: &Path,
+        engine: &Engine,
+        linker: &Linker<GuestState>,
+    ) -> Result<LoadedComponent, SandboxError> {
         let bytes = tokio::fs::read(path)
             .await
             .map_err(|error| SandboxError::Read {
@@ -368,7 +450,7 @@ impl Sandbox {
                 error,
             })?;
         check_component(path, &bytes)?;
-        let engine = self.engine.clone();
+        let engine = engine.clone();
         let cache = self.compile_cache.clone();
         let started = std::time::Instant::now();
         let compiled = tokio::task::spawn_blocking(move || match cache {
@@ -392,8 +474,7 @@ impl Sandbox {
                 compile_cache::CacheOutcome::Miss | compile_cache::CacheOutcome::Rebuilt => "component compiled",
             }
         );
-        let pre = self
-            .linker
+        let pre = linker
             .instantiate_pre(&component)
             .map_err(|error| SandboxError::Link {
                 path: path.to_path_buf(),
@@ -405,11 +486,30 @@ impl Sandbox {
         })
     }
 
-    /// A fresh store for one instance of `guest`. `sink` receives its notified trees (`None`
-    /// for a hook instance). The store holds the clock's [`Running`] guard until it is dropped,
-    /// so the guest's CPU budget is enforced whenever it can execute.
+    /// A fresh store for one scanner instance of `guest`. `sink` receives its notified trees.
+    /// The store holds the clock's [`Running`] guard until it is dropped, so the guest's CPU
+    /// budget is enforced whenever it can execute.
     pub fn store(
         &self,
+        guest: &Guest,
+        sink: Box<dyn TreeSink>,
+    ) -> Result<Store<GuestState>, SandboxError> {
+        self.store_in(&self.engine, guest, Some(sink))
+    }
+
+    /// A fresh store for one hook instance of `guest` from `component`, on the engine it was
+    /// loaded for (from the hooks' pool, unless it did not fit: [`Sandbox::load_hooks`]).
+    pub fn hook_store(
+        &self,
+        guest: &Guest,
+        component: &LoadedComponent,
+    ) -> Result<Store<GuestState>, SandboxError> {
+        self.store_in(component.pre.engine(), guest, None)
+    }
+
+    fn store_in(
+        &self,
+        engine: &Engine,
         guest: &Guest,
         sink: Option<Box<dyn TreeSink>>,
     ) -> Result<Store<GuestState>, SandboxError> {
@@ -445,7 +545,7 @@ impl Sandbox {
             rescans: self.rescans.clone(),
             _running: self.clock.running(),
         };
-        let mut store = Store::new(&self.engine, state);
+        let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limits);
         // What one host call may copy out of the guest (wasmtime's default is 128 MiB, eight
         // times a 16 MiB guest): aliased strings make it many times what the guest holds.

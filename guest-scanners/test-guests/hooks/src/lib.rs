@@ -11,12 +11,17 @@
 //! * `hang`: spins forever.
 //! * `panic`: `panic!("hook panic")`.
 //! * `echo`: returns the responses unchanged.
+//! * `residue`: looks through its whole linear memory for what an earlier call in the same memory
+//!   would have left there (each requested device ID with its bits inverted, a form no request
+//!   carries), answers how many it found as env `RESIDUE` of the first response, then leaves
+//!   the inverted IDs behind, never freed: in a static, and repeated through a heap buffer of
+//!   4 MiB (past what a host may keep resident between instances). A fresh instance finds 0.
 
 use std::hint::black_box;
 use wdp_guest::{ContainerAllocateRequest, ContainerAllocateResponse, config};
 
 /// Every value of `HOOK_MODE`.
-pub const MODES: [&str; 8] = [
+pub const MODES: [&str; 9] = [
     "renumber",
     "fail",
     "hang",
@@ -25,7 +30,48 @@ pub const MODES: [&str; 8] = [
     "mount-root",
     "node-outside-dev",
     "wrong-count",
+    "residue",
 ];
+
+/// What `residue` leaves in static memory.
+static LEFT_IN_STATIC: std::sync::Mutex<[u8; 256]> = std::sync::Mutex::new([0; 256]);
+
+/// How many times each of `ids`, bits inverted, occurs in this instance's linear memory.
+#[cfg(target_arch = "wasm32")]
+fn residue_of(ids: &[&[u8]]) -> usize {
+    let size = core::arch::wasm32::memory_size(0) * 65536;
+    let byte = |at: usize| {
+        // Every address below the memory's size is readable in wasm; volatile so that the
+        // bytes are read from memory as they are (address 0 is never read: it starts at 1).
+        unsafe { core::ptr::read_volatile(core::ptr::with_exposed_provenance::<u8>(at)) }
+    };
+    let mut found = 0;
+    for id in ids.iter().filter(|id| !id.is_empty()) {
+        // The inverted ID is compared byte by byte, never built: the search leaves no copy.
+        found += (1..size.saturating_sub(id.len()))
+            .filter(|&at| id.iter().enumerate().all(|(j, &b)| byte(at + j) == !b))
+            .count();
+    }
+    found
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn residue_of(_ids: &[&[u8]]) -> usize {
+    0
+}
+
+/// The `residue` mode's leavings: `ids` inverted, in a static and through a leaked heap buffer.
+fn leave(ids: &[&[u8]]) {
+    let inverted: Vec<u8> = ids.iter().flat_map(|id| id.iter().map(|b| !b)).collect();
+    if let Ok(mut left) = LEFT_IN_STATIC.lock() {
+        let n = inverted.len().min(left.len());
+        left[..n].copy_from_slice(&inverted[..n]);
+    }
+    if !inverted.is_empty() {
+        let heap: Vec<u8> = inverted.iter().copied().cycle().take(4 << 20).collect();
+        std::mem::forget(heap);
+    }
+}
 
 /// Splits `key` into a non-empty prefix and its trailing decimal number (`QAT12` -> `("QAT",
 /// 12)`); None when there are no trailing digits, nothing before them, or the number is too big.
@@ -73,7 +119,7 @@ struct Hooks;
 impl wdp_guest::PostAllocator for Hooks {
     fn post_allocate(
         _dev_type: String,
-        _requests: Vec<ContainerAllocateRequest>,
+        requests: Vec<ContainerAllocateRequest>,
         responses: Vec<ContainerAllocateResponse>,
     ) -> Result<Vec<ContainerAllocateResponse>, String> {
         match config::env_choice("HOOK_MODE", "renumber", &MODES)? {
@@ -120,6 +166,19 @@ impl wdp_guest::PostAllocator for Hooks {
                 })
                 .collect()),
             "wrong-count" => Ok(Vec::new()),
+            "residue" => {
+                let ids: Vec<&[u8]> = requests
+                    .iter()
+                    .flat_map(|r| r.device_ids.iter().map(|id| id.as_bytes()))
+                    .collect();
+                let found = residue_of(&ids);
+                leave(&ids);
+                let mut responses = responses;
+                if let Some(first) = responses.first_mut() {
+                    first.envs.push(("RESIDUE".into(), found.to_string()));
+                }
+                Ok(responses)
+            }
             other => Err(format!("HOOK_MODE={other:?} is not handled")),
         }
     }

@@ -163,7 +163,7 @@ async fn load(
         Some(source) => {
             let hooks = async {
                 let path = resolve(registry, cache, source, oci::Role::Hooks, &fetch).await?;
-                let hook = sandbox.load(&path).await?;
+                let hook = sandbox.load_hooks(&path).await?;
                 anyhow::Ok(Hooks::new(
                     sandbox.clone(),
                     spec.clone(),
