@@ -145,13 +145,11 @@ impl Log {
         (u64::from(self.number) << 32) | u64::from(self.seq)
     }
 
-    /// Notes that entry `name` changed.
-    fn push(&mut self, name: &str) {
-        // A log that ran out of sequence numbers answers every later version whole.
+    /// Notes that entry `name` changed. False when the log has run out of sequence numbers:
+    /// the listing is to be dropped (and kept again afresh, under a new number).
+    fn push(&mut self, name: &str) -> bool {
         let Some(seq) = self.seq.checked_add(1) else {
-            self.floor = u32::MAX;
-            self.names.clear();
-            return;
+            return false;
         };
         self.seq = seq;
         self.names.push_back((seq, name.to_owned()));
@@ -160,6 +158,7 @@ impl Log {
         {
             self.floor = oldest;
         }
+        true
     }
 
     /// The entries changed since `version`, sorted by name; `None` when the log cannot say
@@ -452,13 +451,15 @@ fn watch(state: &mut State, dir: &Dir, root_dev: u64) -> Option<(u64, WatchDescr
 
 /// Applies the entries named in `changed` to `nodes`, each looked up again (gone, or no longer
 /// describable: removed, as a fresh listing skips it), and writes those that changed in `log`.
-/// False when `nodes` grew past [`MAX_DIR_ENTRIES`].
+/// False when the listing cannot be kept: `nodes` grew past [`MAX_DIR_ENTRIES`], or `log` ran
+/// out of sequence numbers.
 fn patch(
     dir: &Dir,
     nodes: &mut BTreeMap<String, Node>,
     changed: &mut HashSet<OsString>,
     log: &mut Log,
 ) -> bool {
+    let mut kept = true;
     for name in changed.drain() {
         // A fresh listing skips names WIT strings cannot carry.
         let Ok(name) = name.into_string() else {
@@ -468,18 +469,18 @@ fn patch(
             Ok(meta) => {
                 let node = super::dir::node(name.clone(), &meta);
                 if nodes.get(&name) != Some(&node) {
-                    log.push(&name);
+                    kept &= log.push(&name);
                     nodes.insert(name, node);
                 }
             }
             Err(_) => {
                 if nodes.remove(&name).is_some() {
-                    log.push(&name);
+                    kept &= log.push(&name);
                 }
             }
         }
     }
-    nodes.len() <= MAX_DIR_ENTRIES
+    kept && nodes.len() <= MAX_DIR_ENTRIES
 }
 
 #[cfg(test)]
@@ -709,6 +710,19 @@ mod tests {
         }
         assert!(kept.follow("/dev/bus", "more changes than the log holds"));
         assert!(!kept.follow("/dev/bus", "after that"));
+    }
+
+    #[test]
+    fn a_log_out_of_sequence_numbers_gives_its_listing_up() {
+        let mut log = Log::new(3);
+        log.seq = u32::MAX - 1;
+        log.floor = u32::MAX - 1;
+        let before = log.version();
+        assert!(log.push("a"), "the last number is used");
+        assert_eq!(log.since(before), Some(vec!["a"]));
+        assert!(!log.push("b"), "none is left: the listing is to be dropped");
+        // The listing under the next number answers no version of this one.
+        assert_eq!(Log::new(4).since(before), None);
     }
 
     #[test]
