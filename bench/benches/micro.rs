@@ -161,13 +161,24 @@ fn ten_thousand(c: &mut Criterion) {
         "manager/clone of a 10k group (shared: a persistent map)",
         |b| b.iter(|| black_box(group).clone()),
     );
-    // What a resource's streams send at each update: the list encoded once from the group,
-    // then the wire.
+    // What a resource's streams send at each update: the list, its runs that the change falls
+    // in encoded again, then the wire.
+    let served = ServedResource::new(
+        Resource::new("bench.wdp.dev", "bulk", &plugins).expect("a short socket path"),
+        None,
+        ScannerHandle::detached("bulk").resource("bench.wdp.dev/bulk"),
+    );
     let list = |group: &wdp::tree::DeviceGroup| {
-        api::ListAndWatchResponse::from_encoded(ServedResource::list(group))
+        api::ListAndWatchResponse::from_encoded(served.list(group))
     };
-    c.bench_function("listandwatch/build + encode 10k devices", |b| {
-        b.iter(|| list(black_box(group)).encode_to_vec())
+    let changed_group = &changed.0["bulk"];
+    let mut flip = false;
+    c.bench_function("listandwatch/list + encode 10k devices, one changed", |b| {
+        b.iter(|| {
+            flip = !flip;
+            let group = if flip { changed_group } else { group };
+            list(black_box(group)).encode_to_vec()
+        })
     });
     let bytes = list(group).encode_to_vec();
     c.bench_function("listandwatch/decode 10k devices (kubelet's side)", |b| {

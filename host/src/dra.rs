@@ -229,13 +229,17 @@ impl DraDriver {
             kept
         });
         for (dev_type, group) in &tree.0 {
+            let healthy = group
+                .values()
+                .filter(|d| d.health == Health::Healthy)
+                .count();
             self.resources
                 .entry(dev_type.clone())
                 .or_insert_with(|| {
                     self.status
                         .dra_resource(&format!("{}/{dev_type}", self.namespace))
                 })
-                .devices(group);
+                .devices(healthy, group.len() - healthy);
         }
         let mut pool = pool(&self.node_name, tree);
         // `pool` lists the tree's devices in the tree's order.

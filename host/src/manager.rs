@@ -351,7 +351,6 @@ impl Manager {
         for dev_type in &d.updated {
             let devices = Arc::new(tree.0.remove(dev_type).unwrap_or_default());
             if let Some(server) = self.servers.get(dev_type) {
-                server.plugin().status().devices(&devices);
                 server.update(devices.clone());
             }
             self.current.insert(dev_type.clone(), devices);
@@ -367,7 +366,6 @@ impl Manager {
             }
             match self.start(dev_type, devices.clone()) {
                 Ok(server) => {
-                    server.plugin().status().devices(&devices);
                     self.servers.insert(dev_type.clone(), server);
                     self.current.insert(dev_type.clone(), devices);
                 }

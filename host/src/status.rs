@@ -28,7 +28,6 @@ use wdp_kubelet::server::ServerReport;
 use crate::atomic_file::WriteReport;
 use crate::metrics::{DiskFile, Live, Metrics, ResourceMetrics, ScannerMetrics, Visit};
 use crate::scanner::ScannerEvent;
-use crate::tree::{DeviceGroup, Health};
 
 /// The host-wide observability state. Cheap to clone: every clone is the same state.
 #[derive(Clone)]
@@ -653,13 +652,9 @@ impl ResourceHandle {
         }
     }
 
-    /// The resource now lists `devices`.
-    pub fn devices(&self, devices: &DeviceGroup) {
-        let healthy = devices
-            .values()
-            .filter(|d| d.health == Health::Healthy)
-            .count();
-        let unhealthy = devices.len() - healthy;
+    /// The resource now lists `healthy` and `unhealthy` devices (counted as its list is
+    /// encoded: one pass over the devices per update).
+    pub fn devices(&self, healthy: usize, unhealthy: usize) {
         self.metrics.devices(healthy, unhealthy);
         self.update(|r| {
             r.healthy = healthy;
@@ -714,23 +709,7 @@ impl ServerReport for ResourceHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tree::{DeviceInfo, OutputError};
-
-    fn group(healthy: usize, unhealthy: usize) -> DeviceGroup {
-        let device = |i, health| {
-            (
-                format!("d{i}"),
-                DeviceInfo {
-                    health,
-                    ..DeviceInfo::default()
-                },
-            )
-        };
-        (0..healthy)
-            .map(|i| device(i, Health::Healthy))
-            .chain((healthy..healthy + unhealthy).map(|i| device(i, Health::Unhealthy)))
-            .collect()
-    }
+    use crate::tree::OutputError;
 
     #[test]
     fn a_dra_driver_kubelet_has_not_registered_keeps_the_host_not_ready() {
@@ -750,7 +729,7 @@ mod tests {
         assert_eq!(obs.readiness(), Ok(()));
         // Its dev-types: counted, registered with the driver, never a readiness line of their own.
         let r = kvm.dra_resource("x.io/kvm");
-        r.devices(&group(3, 1));
+        r.devices(3, 1);
         assert_eq!(obs.readiness(), Ok(()));
         kvm.dra_registered("x.io", true);
         let shown = &obs.report().scanners[0].resources[0];
@@ -790,7 +769,7 @@ mod tests {
         );
         kvm.event(&ScannerEvent::Tree(Arc::default()));
         let r = kvm.resource("ns/kvm");
-        r.devices(&group(2, 1));
+        r.devices(2, 1);
         serial.event(&ScannerEvent::Refused(OutputError::DevType {
             value: "-".into(),
         }));

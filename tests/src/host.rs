@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::process::{Child, Command};
@@ -338,10 +339,10 @@ const SEEN_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct Seen {
     rx: mpsc::UnboundedReceiver<Observed>,
     /// The latest list of each resource whose stream is open.
-    lists: HashMap<String, Vec<api::Device>>,
+    lists: HashMap<String, Arc<Vec<api::Device>>>,
     /// The latest list of each resource, kept when its stream ends: what kubelet was last told
     /// of each device's health and topology.
-    last: HashMap<String, Vec<api::Device>>,
+    last: HashMap<String, Arc<Vec<api::Device>>>,
     /// Resources whose stream ended and has not listed devices since.
     ended: HashSet<String>,
     registrations: HashMap<String, usize>,
@@ -527,7 +528,7 @@ impl Seen {
 
     /// The number of devices in `resource`'s latest list (None: no open stream).
     pub fn count(&self, resource: &str) -> Option<usize> {
-        self.lists.get(resource).map(Vec::len)
+        self.lists.get(resource).map(|devices| devices.len())
     }
 
     /// Whether every one of `resources` has an open stream that listed (possibly no devices).

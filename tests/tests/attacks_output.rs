@@ -102,7 +102,7 @@ async fn until_lists(
             })) => {
                 let entry = lists.entry(resource).or_default();
                 entry.0 += 1;
-                entry.1 = devices.into_iter().map(|d| d.id).collect();
+                entry.1 = devices.iter().map(|d| d.id.clone()).collect();
                 entry.1.sort();
             }
             Ok(Some(_)) => {}

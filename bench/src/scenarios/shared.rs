@@ -110,6 +110,21 @@ pub async fn expect(
         .map_err(|e| anyhow::Error::new(e).context(format!("log (tail):\n{}", host.log_tail(30))))
 }
 
+/// Waits until `host`'s log has `line`, at most `timeout`.
+pub async fn expect_log(host: &Host, line: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !host.log().contains(line) {
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "{line:?} not logged within {timeout:?}; log (tail):\n{}",
+                host.log_tail(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// After a host stops, waits until the stand-in saw every stream end (at most 5 s).
 pub async fn expect_quiet(obs: &mut Seen, resources: &[String]) {
     let _ = obs

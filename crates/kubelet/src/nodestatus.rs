@@ -112,7 +112,7 @@ mod tests {
         fn options(&self) -> api::DevicePluginOptions {
             api::DevicePluginOptions::default()
         }
-        fn list(_: &()) -> bytes::Bytes {
+        fn list(&self, _: &()) -> bytes::Bytes {
             crate::list::encode(&[api::Device {
                 id: "kvm-0".into(),
                 health: "Healthy".into(),

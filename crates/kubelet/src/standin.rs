@@ -83,8 +83,8 @@ pub enum Observed {
         resource: String,
         /// The stream it came on (see [`Observed::StreamEnded`]).
         stream: u64,
-        /// Its devices, as the plugin sent them.
-        devices: Vec<api::Device>,
+        /// Its devices, as the plugin sent them: the list the stand-in keeps, shared.
+        devices: Arc<Vec<api::Device>>,
     },
     /// A ListAndWatch stream ended (plugin stopped, or its server went away).
     StreamEnded {
@@ -137,8 +137,30 @@ struct Plugin {
     stopped: bool,
     /// When it was stopped, for the grace period after which kubelet forgets it.
     stopped_at: Option<std::time::Instant>,
-    /// The devices of the stream's last list, by id: their health as kubelet keeps it.
-    health: HashMap<String, String>,
+    /// The stream's last list as decoded, shared with its [`Observed::Devices`]: one list of
+    /// 10,000 devices is not copied into a map of 20,000 strings at every message, which
+    /// would put the stand-in's bookkeeping into every latency measured to it. What kubelet
+    /// keeps of it is read from here when asked ([`Plugin::health`]).
+    devices: Arc<Vec<api::Device>>,
+}
+
+impl Plugin {
+    /// The health kubelet holds for each device id: what the last list said (a repeated id's
+    /// last entry, as kubelet's map keeps it), every device "Unhealthy" once the endpoint
+    /// stopped (`markResourceUnhealthy`).
+    fn health(&self) -> HashMap<&str, &str> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let health = if self.stopped {
+                    "Unhealthy"
+                } else {
+                    d.health.as_str()
+                };
+                (d.id.as_str(), health)
+            })
+            .collect()
+    }
 }
 
 /// kubelet's `ErrEndpointStopped`.
@@ -271,7 +293,9 @@ impl StandIn {
     /// The health kubelet holds for `resource`'s device `id`: what the last list said, or
     /// "Unhealthy" for every device once the endpoint stopped.
     pub fn health(&self, resource: &str, id: &str) -> Option<String> {
-        self.plugins().get(resource)?.health.get(id).cloned()
+        let plugins = self.plugins();
+        let plugin = plugins.get(resource)?;
+        plugin.health().get(id).map(|h| h.to_string())
     }
 
     /// What kubelet's device manager reports for the Node's status (`GetCapacity` in
@@ -286,10 +310,11 @@ impl StandIn {
                 out.removed.push(name.clone());
                 return false;
             }
-            let healthy = p.health.values().filter(|h| *h == "Healthy").count();
+            let health = p.health();
+            let healthy = health.values().filter(|h| **h == "Healthy").count();
             out.capacity.insert(
                 name.clone(),
-                i64::try_from(p.health.len()).unwrap_or(i64::MAX),
+                i64::try_from(health.len()).unwrap_or(i64::MAX),
             );
             out.allocatable
                 .insert(name.clone(), i64::try_from(healthy).unwrap_or(i64::MAX));
@@ -353,10 +378,10 @@ impl StandIn {
                 )));
             };
             let mut healthy: Vec<String> = p
-                .health
-                .iter()
+                .health()
+                .into_iter()
                 .filter(|(_, h)| *h == "Healthy")
-                .map(|(id, _)| id.clone())
+                .map(|(id, _)| id.to_string())
                 .collect();
             healthy.sort();
             (p.client.clone(), p.options, healthy)
@@ -575,7 +600,7 @@ impl Registration for RegistrationService {
                     cut: cut.clone(),
                     stopped: false,
                     stopped_at: None,
-                    health: HashMap::new(),
+                    devices: Arc::default(),
                 },
             );
         let _ = self.observed.send(Observed::Registered {
@@ -630,17 +655,12 @@ async fn watch(
             };
             match message {
                 Ok(Some(list)) => {
-                    plugin(&mut |p| {
-                        p.health = list
-                            .devices
-                            .iter()
-                            .map(|d| (d.id.clone(), d.health.clone()))
-                            .collect();
-                    });
+                    let devices = Arc::new(list.devices);
+                    plugin(&mut |p| p.devices = devices.clone());
                     let _ = observed.send(Observed::Devices {
                         resource: resource.clone(),
                         stream: stream_number,
-                        devices: list.devices,
+                        devices,
                     });
                 }
                 Ok(None) | Err(_) => break,
@@ -650,7 +670,6 @@ async fn watch(
     plugin(&mut |p| {
         p.stopped = true;
         p.stopped_at = Some(std::time::Instant::now());
-        p.health.values_mut().for_each(|h| *h = "Unhealthy".into());
     });
     let _ = observed.send(Observed::StreamEnded {
         resource,
@@ -666,7 +685,7 @@ mod tests {
         Observed::Devices {
             resource: resource.into(),
             stream,
-            devices: Vec::new(),
+            devices: Arc::default(),
         }
     }
 

@@ -69,7 +69,7 @@ pub async fn run(args: KubeletArgs) -> anyhow::Result<ExitCode> {
                 resource, devices, ..
             } => {
                 println!("{resource}: {} device(s)", devices.len());
-                for d in &devices {
+                for d in devices.iter() {
                     println!("  {:<32} {}{}", d.id, d.health, numa(d));
                 }
                 let first_healthy = devices.iter().find(|d| d.health == "Healthy");

@@ -11,13 +11,13 @@
 //! [`crate::status::ResourceHandle`], the server's [`wdp_kubelet::server::ServerReport`].
 
 mod hook_errors;
+mod list;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tonic::Status;
 use wdp_kubelet::api;
-use wdp_kubelet::list::ListEncoder;
 use wdp_kubelet::names::Resource;
 use wdp_kubelet::server::{ResourcePlugin, not_advertised};
 
@@ -38,6 +38,8 @@ pub struct ServedResource {
     resource: Resource,
     hooks: Option<Arc<Hooks>>,
     status: ResourceHandle,
+    /// The list as last sent, in runs: an update encodes what changed.
+    list: Mutex<self::list::EncodedList>,
 }
 
 impl ServedResource {
@@ -48,6 +50,7 @@ impl ServedResource {
             resource,
             hooks,
             status,
+            list: Mutex::default(),
         }
     }
 
@@ -64,24 +67,23 @@ impl ResourcePlugin for ServedResource {
         self.hooks.as_ref().map(|h| h.options()).unwrap_or_default()
     }
 
-    fn list(devices: &DeviceGroup) -> Bytes {
-        let mut list = ListEncoder::with_capacity(devices.len());
-        for (id, info) in devices.iter() {
-            // An empty list would tell kubelet the device is NUMA-aware yet on no node (some
-            // kubelet versions then never align it): no nodes is no topology.
-            let topology = info
-                .numa_nodes
-                .as_ref()
-                .filter(|n| !n.is_empty())
-                .map(|nodes| api::TopologyInfo {
-                    nodes: nodes
-                        .iter()
-                        .map(|&n| api::NumaNode { id: n.into() })
-                        .collect(),
-                });
-            list.push(id, info.health.as_str(), topology.as_ref());
-        }
-        list.finish()
+    /// Encodes what changed since the last list ([`list::EncodedList`]), and counts the
+    /// healthy devices for the status page and metrics as it goes.
+    fn list(&self, devices: &DeviceGroup) -> Bytes {
+        let listed = self
+            .list
+            .lock()
+            .unwrap_or_else(|poisoned| {
+                // An update that panicked may have left the runs half-done: encoded afresh.
+                self.list.clear_poison();
+                let mut list = poisoned.into_inner();
+                *list = list::EncodedList::default();
+                list
+            })
+            .update(devices);
+        self.status
+            .devices(listed.healthy, devices.len() - listed.healthy);
+        listed.list
     }
 
     /// The default response, then the post-allocate hook if any.

@@ -80,9 +80,9 @@ impl<D> Clone for Listed<D> {
 }
 
 impl<D> Listed<D> {
-    fn of<P: ResourcePlugin<Devices = D>>(devices: Arc<D>) -> Self {
+    fn of<P: ResourcePlugin<Devices = D>>(plugin: &P, devices: Arc<D>) -> Self {
         Listed {
-            list: P::list(&devices),
+            list: plugin.list(&devices),
             devices,
         }
     }
@@ -115,7 +115,7 @@ impl<P: ResourcePlugin> ResourceServer<P> {
         plugin: P,
         report: impl ServerReport,
     ) -> Self {
-        let (tx, rx) = watch::channel(Listed::of::<P>(devices));
+        let (tx, rx) = watch::channel(Listed::of(&plugin, devices));
         let cancel = CancellationToken::new();
         let plugin = Arc::new(plugin);
         let service = PluginService {
@@ -154,7 +154,7 @@ impl<P: ResourcePlugin> ResourceServer<P> {
     /// list sent for nothing: a scanner that changes only that, over and over, must not flood
     /// kubelet with identical lists.
     pub fn update(&self, devices: Arc<P::Devices>) {
-        let new = Listed::of::<P>(devices);
+        let new = Listed::of(&*self.plugin, devices);
         self.devices.send_if_modified(|current| {
             let changed = current.list != new.list;
             *current = new;
@@ -193,7 +193,7 @@ mod tests {
             api::DevicePluginOptions::default()
         }
 
-        fn list(devices: &Vec<String>) -> Bytes {
+        fn list(&self, devices: &Vec<String>) -> Bytes {
             let mut list = crate::list::ListEncoder::default();
             for id in devices {
                 list.push(id, "Healthy", None);
@@ -271,7 +271,7 @@ mod tests {
                         resource: r,
                         devices,
                         ..
-                    }) if r == resource => break devices.into_iter().map(|d| d.id).collect(),
+                    }) if r == resource => break devices.iter().map(|d| d.id.clone()).collect(),
                     Some(_) => {}
                     None => panic!("the stand-in stopped"),
                 }

@@ -27,9 +27,10 @@ pub trait ResourcePlugin: Send + Sync + 'static {
 
     /// `devices` as kubelet's `Device`s, encoded for a ListAndWatch message
     /// ([`crate::list::ListEncoder`], or [`crate::list::encode`] of `api::Device`s). Called once
-    /// per update, and sent as it is by every stream. An associated function: the conversion
-    /// depends on the list alone.
-    fn list(devices: &Self::Devices) -> Bytes;
+    /// per update (and once at the start), and sent as it is by every stream. The one pass over
+    /// the devices per update: an owner that reports what it lists (how many are healthy)
+    /// counts it here rather than in a pass of its own.
+    fn list(&self, devices: &Self::Devices) -> Bytes;
 
     /// The answer to `Allocate` for `requests`, one container each, from the current `devices`.
     fn allocate(
