@@ -134,17 +134,32 @@ impl KeptGlob {
         changes
     }
 
-    /// Replaces the matches with `now` (sorted by path), telling what differs.
+    /// Replaces the matches with `now`, telling what differs.
+    ///
+    /// The map is built in one go (a sorted listing is then laid out without a search per
+    /// entry) and compared with the matches before in one ordered pass: a few string
+    /// comparisons per match instead of a search of the map for each, which inside wasm
+    /// (byte-by-byte `memcmp`) was most of a first scan of a large directory.
     fn replace(&mut self, now: Vec<Match>) -> GlobChanges {
+        let now: BTreeMap<String, Node> = now.into_iter().map(|m| (m.path, m.node)).collect();
+        let before = std::mem::replace(&mut self.matches, now);
         let mut changes = GlobChanges::default();
-        let mut before = std::mem::take(&mut self.matches);
-        for m in now {
-            if before.remove(&m.path).as_ref() != Some(&m.node) {
-                changes.changed.push(m.clone());
+        let mut before = before.into_iter().peekable();
+        for (path, node) in &self.matches {
+            while let Some((gone, _)) = before.next_if(|(old, _)| old < path) {
+                changes.removed.push(gone);
             }
-            self.matches.insert(m.path, m.node);
+            let same = before
+                .next_if(|(old, _)| old == path)
+                .is_some_and(|(_, old)| old == *node);
+            if !same {
+                changes.changed.push(Match {
+                    path: path.clone(),
+                    node: node.clone(),
+                });
+            }
         }
-        changes.removed = before.into_keys().collect();
+        changes.removed.extend(before.map(|(gone, _)| gone));
         changes
     }
 }
