@@ -8,6 +8,14 @@
 //! keeps every instance fresh), so a call maps and unmaps nothing; a call waits for a free slot
 //! within its deadline ([`HookError::Busy`] when none comes).
 //!
+//! What a call would otherwise do on its critical path is done off it, on a task of its own
+//! once the call has its answer: its store is dropped (the slot's reset) and a spare instance
+//! is made for the next call (a store, its WASI context and the instantiation). A spare is as
+//! fresh as an instance made for the call: made from the `InstancePre`, never entered before the
+//! one call that takes it, and never made from a used instance; a call that finds no spare
+//! (the first, or one that overlaps another) makes its own as before. The spare's store counts
+//! as waiting, not running, so an idle host's epoch ticker still parks.
+//!
 //! Every call has the scanner's `call-timeout` as its deadline, and `pre-start-container` at most
 //! [`PRE_START_DEADLINE`]: kubelet gives PreStartContainer 30 s
 //! (`KubeletPreStartContainerRPCTimeoutInSecs`) and fails the container when they pass, so the
@@ -16,19 +24,22 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use wasmtime::Store;
+use wasmtime::component::Instance;
 
-use crate::bindings::post_allocator::PostAllocatorPluginPre;
-use crate::bindings::pre_starter::PreStarterPluginPre;
-use crate::bindings::preferred_allocator::PreferredAllocatorPluginPre;
+use crate::bindings::post_allocator::PostAllocatorPluginIndices;
+use crate::bindings::pre_starter::PreStarterPluginIndices;
+use crate::bindings::preferred_allocator::PreferredAllocatorPluginIndices;
 use crate::bindings::types as wit;
 use crate::metrics::Hook;
 use crate::policy::Policy;
 use crate::sandbox::{
-    Guest, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, describe,
+    Guest, GuestState, LoadedComponent, Sandbox, SandboxError, Stopped, Waiting, describe,
 };
 use wdp_kubelet::api;
 
@@ -62,16 +73,55 @@ pub enum HookError {
 
 /// The hooks one component exports, ready to call.
 pub struct Hooks {
-    sandbox: Arc<Sandbox>,
     guest: Guest,
     /// The rules its answers must follow.
     policy: Arc<Policy>,
+    /// Where each call's instance comes from, and where it goes after.
+    instances: Arc<Instances>,
+    post: Option<PostAllocatorPluginIndices>,
+    preferred: Option<PreferredAllocatorPluginIndices>,
+    pre_start: Option<PreStarterPluginIndices>,
+}
+
+/// The instances of one hook component: each call gets a fresh one, the spare when one is ready
+/// (made after the previous call, off the path of any call) or one made for it; after the call
+/// its store is dropped (which resets its pool slot) and the next spare made, both off the
+/// call's path too.
+struct Instances {
+    sandbox: Arc<Sandbox>,
+    guest: Guest,
     /// Which engine (and so which pool) its instances come from.
     component: LoadedComponent,
-    post: Option<PostAllocatorPluginPre<GuestState>>,
-    preferred: Option<PreferredAllocatorPluginPre<GuestState>>,
-    pre_start: Option<PreStarterPluginPre<GuestState>>,
+    /// At most one spare; a call takes it out, so no two calls can be handed the same one.
+    spare: Mutex<Option<Spare>>,
+    /// Set while a spare is being made: one at a time.
+    making: AtomicBool,
 }
+
+/// A fresh instance made ahead of the call that will take it: instantiated (its start functions,
+/// if any, run under its CPU budget and the call's deadline) and never entered since.
+struct Spare {
+    /// Counts the spare as waiting, so the epoch ticker parks while it waits for its call.
+    /// Declared before `store` so it is dropped first: the clock's count of running guests,
+    /// which the store's guard adds to, never dips below zero.
+    idle: Waiting,
+    store: Store<GuestState>,
+    instance: Instance,
+    /// Its slot of the pool's spares; dropped after `store` (fields drop in order), as the
+    /// instance gives its pool slot back when its store is dropped.
+    slot: OwnedSemaphorePermit,
+}
+
+/// The instance one call runs in: its store, the instance if made already (a spare), and the
+/// pool slot it holds.
+struct ForCall {
+    store: Store<GuestState>,
+    instance: Option<Instance>,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+/// What one call's work hands back: its store (dropped off the call's path) and its answer.
+type Answered<T> = (Store<GuestState>, wasmtime::Result<Result<T, String>>);
 
 /// A configured hook component that exports none of the hook interfaces.
 #[derive(Debug, thiserror::Error)]
@@ -92,14 +142,20 @@ impl Hooks {
         policy: Arc<Policy>,
         component: &LoadedComponent,
     ) -> Result<Self, NoHooks> {
+        let pre = component.instance_pre();
         let hooks = Hooks {
-            sandbox,
+            post: PostAllocatorPluginIndices::new(pre).ok(),
+            preferred: PreferredAllocatorPluginIndices::new(pre).ok(),
+            pre_start: PreStarterPluginIndices::new(pre).ok(),
+            instances: Arc::new(Instances {
+                sandbox,
+                guest: guest.clone(),
+                component: component.clone(),
+                spare: Mutex::new(None),
+                making: AtomicBool::new(false),
+            }),
             guest,
             policy,
-            component: component.clone(),
-            post: component.post_allocator(),
-            preferred: component.preferred_allocator(),
-            pre_start: component.pre_starter(),
         };
         if hooks.post.is_none() && hooks.preferred.is_none() && hooks.pre_start.is_none() {
             return Err(NoHooks {
@@ -132,7 +188,7 @@ impl Hooks {
         response: wit::ContainerAllocateResponse,
     ) -> Result<crate::allocate::ContainerResponse, crate::tree::OutputError> {
         self.policy
-            .check_response(index, response, self.sandbox.devfs())
+            .check_response(index, response, self.instances.sandbox.devfs())
     }
 
     /// True when the component exports `post-allocator`.
@@ -147,16 +203,21 @@ impl Hooks {
         requests: &[wit::ContainerAllocateRequest],
         responses: &[wit::ContainerAllocateResponse],
     ) -> Option<Result<Vec<wit::ContainerAllocateResponse>, HookError>> {
-        let pre = self.post.as_ref()?;
+        let exports = self.post.as_ref()?;
         Some(
             self.call(
                 Hook::PostAllocate,
                 self.deadline(),
-                |mut store| async move {
-                    let hook = pre.instantiate_async(&mut store).await?;
-                    hook.wdp_device_plugin_post_allocator()
-                        .call_post_allocate(&mut store, dev_type, requests, responses)
-                        .await
+                |mut store, instance| async move {
+                    let answer = async {
+                        exports
+                            .load(&mut store, &instance)?
+                            .wdp_device_plugin_post_allocator()
+                            .call_post_allocate(&mut store, dev_type, requests, responses)
+                            .await
+                    }
+                    .await;
+                    (store, answer)
                 },
             )
             .await,
@@ -169,16 +230,21 @@ impl Hooks {
         dev_type: &str,
         requests: &[wit::ContainerPreferredAllocationRequest],
     ) -> Option<Result<Vec<Vec<String>>, HookError>> {
-        let pre = self.preferred.as_ref()?;
+        let exports = self.preferred.as_ref()?;
         Some(
             self.call(
                 Hook::GetPreferredAllocation,
                 self.deadline(),
-                |mut store| async move {
-                    let hook = pre.instantiate_async(&mut store).await?;
-                    hook.wdp_device_plugin_preferred_allocator()
-                        .call_get_preferred_allocation(&mut store, dev_type, requests)
-                        .await
+                |mut store, instance| async move {
+                    let answer = async {
+                        exports
+                            .load(&mut store, &instance)?
+                            .wdp_device_plugin_preferred_allocator()
+                            .call_get_preferred_allocation(&mut store, dev_type, requests)
+                            .await
+                    }
+                    .await;
+                    (store, answer)
                 },
             )
             .await,
@@ -191,15 +257,24 @@ impl Hooks {
         dev_type: &str,
         device_ids: &[String],
     ) -> Option<Result<(), HookError>> {
-        let pre = self.pre_start.as_ref()?;
+        let exports = self.pre_start.as_ref()?;
         let deadline = self.deadline().min(PRE_START_DEADLINE);
         Some(
-            self.call(Hook::PreStartContainer, deadline, |mut store| async move {
-                let hook = pre.instantiate_async(&mut store).await?;
-                hook.wdp_device_plugin_pre_starter()
-                    .call_pre_start_container(&mut store, dev_type, device_ids)
-                    .await
-            })
+            self.call(
+                Hook::PreStartContainer,
+                deadline,
+                |mut store, instance| async move {
+                    let answer = async {
+                        exports
+                            .load(&mut store, &instance)?
+                            .wdp_device_plugin_pre_starter()
+                            .call_pre_start_container(&mut store, dev_type, device_ids)
+                            .await
+                    }
+                    .await;
+                    (store, answer)
+                },
+            )
             .await,
         )
     }
@@ -209,11 +284,12 @@ impl Hooks {
         self.guest.limits.call_timeout
     }
 
-    /// One call of `hook` in a fresh store, under `deadline`; timed into the scanner's metrics.
+    /// One call of `hook` in a fresh instance, under `deadline`; timed into the scanner's
+    /// metrics. `f` calls the export on the instance and hands the store back with the answer.
     async fn call<T, F, Fut>(&self, hook: Hook, deadline: Duration, f: F) -> Result<T, HookError>
     where
-        F: FnOnce(Store<GuestState>) -> Fut,
-        Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
+        F: FnOnce(Store<GuestState>, Instance) -> Fut,
+        Fut: Future<Output = Answered<T>>,
     {
         let started = std::time::Instant::now();
         let result = self.call_once(deadline, f).await;
@@ -223,11 +299,92 @@ impl Hooks {
 
     async fn call_once<T, F, Fut>(&self, deadline: Duration, f: F) -> Result<T, HookError>
     where
-        F: FnOnce(Store<GuestState>) -> Fut,
-        Fut: Future<Output = wasmtime::Result<Result<T, String>>>,
+        F: FnOnce(Store<GuestState>, Instance) -> Fut,
+        Fut: Future<Output = Answered<T>>,
     {
         // The wait for a slot counts against the call's deadline: kubelet's does not stop.
         let waiting = std::time::Instant::now();
+        let ForCall {
+            mut store,
+            instance,
+            slot,
+        } = match self.instances.take_spare() {
+            Some(spare) => spare,
+            None => self.instances.for_call(deadline).await?,
+        };
+        let remaining = deadline.saturating_sub(waiting.elapsed());
+        let pre = self.instances.component.instance_pre();
+        let run = async move {
+            let instance = match instance {
+                Some(instance) => instance,
+                None => match pre.instantiate_async(&mut store).await {
+                    Ok(instance) => instance,
+                    Err(e) => return (store, Err(e)),
+                },
+            };
+            f(store, instance).await
+        };
+        // A `let` of its own: a call cut off by its deadline has its store (inside `run`)
+        // dropped by the end of this statement, before `slot` can let another call take it.
+        let outcome = tokio::time::timeout(remaining, run).await;
+        let result = match outcome {
+            Err(_) => {
+                self.instances.after_call(None, slot);
+                return Err(HookError::Timeout(deadline));
+            }
+            Ok((store, result)) => {
+                self.instances.after_call(Some(store), slot);
+                result
+            }
+        };
+        match result {
+            // The CPU budget is as long as the deadline: a hook that spins meets whichever
+            // fires first, and either way it ran out of its time.
+            Err(e) if matches!(e.downcast_ref::<Stopped>(), Some(Stopped::CpuBudget(_))) => {
+                Err(HookError::Timeout(deadline))
+            }
+            Err(e) => Err(HookError::Failed(describe(&e))),
+            Ok(Err(message)) => Err(HookError::Guest(message)),
+            Ok(Ok(value)) => Ok(value),
+        }
+    }
+
+    /// True while a spare instance waits for the next call: for tests.
+    pub fn has_spare(&self) -> bool {
+        self.instances.spare().is_some()
+    }
+}
+
+impl Instances {
+    fn spare(&self) -> std::sync::MutexGuard<'_, Option<Spare>> {
+        // A panic while the lock was held left at worst no spare or an unused one: both fine.
+        self.spare.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The spare, if one is ready, for the one call that takes it.
+    fn take_spare(&self) -> Option<ForCall> {
+        let Spare {
+            idle,
+            mut store,
+            instance,
+            slot,
+        } = self.spare().take()?;
+        // Running again: the epoch ticker wakes for it.
+        drop(idle);
+        // The call's CPU budget and epoch deadline count from now, not from when the spare was
+        // made (the deadline is an epoch, which may have moved on since).
+        store.data_mut().cpu.check_in();
+        store.set_epoch_deadline(1);
+        Some(ForCall {
+            store,
+            instance: Some(instance),
+            slot: Some(slot),
+        })
+    }
+
+    /// A fresh store for a call that found no spare, in a slot it waits for within `deadline`;
+    /// the call instantiates in it.
+    async fn for_call(&self, deadline: Duration) -> Result<ForCall, HookError> {
         let Ok(slot) =
             tokio::time::timeout(deadline, self.sandbox.hook_slot(&self.component)).await
         else {
@@ -236,24 +393,66 @@ impl Hooks {
                 waited: deadline,
             });
         };
-        let remaining = deadline.saturating_sub(waiting.elapsed());
         let store = self
             .sandbox
             .hook_store(&self.guest, &self.component)
             .map_err(|e: SandboxError| HookError::Failed(e.to_string()))?;
-        // The store (and with it the instance and its pool slot) is dropped by the end of this
-        // `match`, before `slot` lets another call take the slot.
-        let _slot = slot;
-        match tokio::time::timeout(remaining, f(store)).await {
-            Err(_) => Err(HookError::Timeout(deadline)),
-            // The CPU budget is as long as the deadline: a hook that spins meets whichever
-            // fires first, and either way it ran out of its time.
-            Ok(Err(e)) if matches!(e.downcast_ref::<Stopped>(), Some(Stopped::CpuBudget(_))) => {
-                Err(HookError::Timeout(deadline))
-            }
-            Ok(Err(e)) => Err(HookError::Failed(describe(&e))),
-            Ok(Ok(Err(message))) => Err(HookError::Guest(message)),
-            Ok(Ok(Ok(value))) => Ok(value),
+        Ok(ForCall {
+            store,
+            instance: None,
+            slot,
+        })
+    }
+
+    /// After a call: its store (if it outlived the call) is dropped, then its slot, and a spare
+    /// is made for the next call. On a task of its own, so the call answers first: dropping the
+    /// store resets the slot (the pages the call dirtied, its stack) and the spare instantiates,
+    /// neither of which the caller needs to wait for. A store after a trap is dropped like any
+    /// other: never made a spare, its slot reset by wasmtime before anything takes it again.
+    fn after_call(
+        self: &Arc<Self>,
+        store: Option<Store<GuestState>>,
+        slot: Option<OwnedSemaphorePermit>,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            drop(store);
+            drop(slot);
+            return;
+        };
+        let instances = self.clone();
+        runtime.spawn(async move {
+            drop(store);
+            drop(slot);
+            instances.make_spare().await;
+        });
+    }
+
+    /// Makes a spare unless one is ready or being made.
+    async fn make_spare(&self) {
+        if self.spare().is_some() || self.making.swap(true, Ordering::AcqRel) {
+            return;
         }
+        if let Some(spare) = self.new_spare().await {
+            *self.spare() = Some(spare);
+        }
+        self.making.store(false, Ordering::Release);
+    }
+
+    /// A fresh instance in a slot of the pool's spares, if one is free. One that fails to
+    /// instantiate is dropped: the next call instantiates afresh and reports why.
+    async fn new_spare(&self) -> Option<Spare> {
+        let slot = self.sandbox.spare_slot(&self.component)?;
+        let mut store = self.sandbox.hook_store(&self.guest, &self.component).ok()?;
+        let instantiating = self.component.instance_pre().instantiate_async(&mut store);
+        let instance = tokio::time::timeout(self.guest.limits.call_timeout, instantiating)
+            .await
+            .ok()?
+            .ok()?;
+        Some(Spare {
+            idle: self.sandbox.clock().waiting(),
+            store,
+            instance,
+            slot,
+        })
     }
 }

@@ -282,6 +282,65 @@ mod residue {
     }
 }
 
+/// A sandbox whose hooks' pool is `pool`, `test_hooks` loaded into it, and a maker of its hooks:
+/// `test_hooks` in a mode, its calls under a deadline.
+async fn hook_sandbox(
+    pool: wdp::sandbox::HookPool,
+) -> (
+    Fixture,
+    std::sync::Arc<Sandbox>,
+    impl Fn(&str, Duration) -> std::sync::Arc<wdp::hooks::Hooks>,
+) {
+    use std::sync::Arc;
+    use wdp::hooks::Hooks;
+    use wdp::policy::Policy;
+    use wdp::sandbox::{Guest, SandboxOptions};
+
+    let f = Fixture::new();
+    let sandbox = Sandbox::with_options(
+        roots(&f),
+        SandboxOptions {
+            hook_pool: pool,
+            ..SandboxOptions::default()
+        },
+    )
+    .unwrap();
+    let component = sandbox
+        .load_hooks(&wdp_tests::guest("test_hooks"))
+        .await
+        .unwrap();
+    let hooks_of = sandbox.clone();
+    let hooks = move |mode: &str, call_timeout: Duration| {
+        let guest = Guest {
+            limits: GuestLimits {
+                call_timeout,
+                ..GuestLimits::default()
+            },
+            ..Guest::new(mode, vec![("HOOK_MODE".into(), mode.into())])
+        };
+        Arc::new(
+            Hooks::new(
+                hooks_of.clone(),
+                guest,
+                Arc::new(Policy::default()),
+                &component,
+            )
+            .unwrap(),
+        )
+    };
+    (f, sandbox, hooks)
+}
+
+/// One post-allocate call of `hooks` on [`residue`]'s request.
+async fn call_hook(
+    hooks: std::sync::Arc<wdp::hooks::Hooks>,
+) -> Result<Vec<wdp::bindings::types::ContainerAllocateResponse>, wdp::hooks::HookError> {
+    hooks
+        .post_allocate("serial", &residue::requests(), &residue::responses())
+        .await
+        .unwrap()
+}
+
 /// Hook instances come from the hooks' pool, whose slots are reused: every call still gets a
 /// memory holding nothing of an earlier instance's. The `residue` hook leaves marks in its static
 /// data and through 4 MiB of heap, and counts the marks it finds: one instance called twice
@@ -341,11 +400,95 @@ async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
             .unwrap();
         assert_eq!(residue::found(&answer), 0, "call {call}");
     }
+    // What is left is the spare made after the last call, never entered yet.
+    eventually_showing("only the spare left", || async {
+        match (hooks.has_spare(), metrics().component_instances()) {
+            (true, 1) => Ok(()),
+            (spare, n) => Err(format!("spare {spare}, {n} instances")),
+        }
+    })
+    .await;
+    // Instances one or two at a time over the pool's slots: memories were reused, none made
+    // past the pool's slots. (Whether one is warm and unused now depends on which slot the
+    // spare took.)
     let pool = metrics();
-    assert_eq!(pool.component_instances(), 0);
-    // Four instances, one at a time, over the pool's slots: memories were reused, warm.
-    assert!(pool.unused_warm_memories() >= 1);
-    assert!(pool.unused_warm_memories() <= sandbox.hook_pool().slots);
+    assert!(
+        pool.unused_warm_memories() <= sandbox.hook_pool().slots + sandbox.hook_pool().spares()
+    );
+}
+
+/// A spare instance (made after a call, for the next) is handed to one call only, and is as
+/// fresh as one made for the call: calls at once each find no residue of another, a call after
+/// one that panicked finds none either, and a spare taken by a hook that spins is still stopped
+/// by its deadline and CPU budget, counted from the call's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spare_hook_instances_are_fresh_and_used_once() {
+    use std::sync::Arc;
+    use wdp::hooks::{HookError, Hooks};
+    use wdp::sandbox::HookPool;
+
+    // Three hooks below, each with a spare: a pool sized for three hooked scanners.
+    let (_f, _sandbox, hooks) = hook_sandbox(HookPool::for_hooked_scanners(3)).await;
+    let call = call_hook;
+    let spare_ready = |hooks: Arc<Hooks>| async move {
+        eventually_showing("a spare made after the call", || async {
+            if hooks.has_spare() {
+                Ok(())
+            } else {
+                Err("no spare yet".to_string())
+            }
+        })
+        .await;
+    };
+
+    let residue = hooks("residue", Duration::from_secs(5));
+    assert!(!residue.has_spare(), "none before a first call");
+    residue::found(&call(residue.clone()).await.unwrap());
+    spare_ready(residue.clone()).await;
+    // Calls at once: one takes the spare, the others make their own; each finds nothing.
+    let calls: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(call(residue.clone())))
+        .collect();
+    for (n, c) in calls.into_iter().enumerate() {
+        let answer = c.await.unwrap().unwrap();
+        assert_eq!(residue::found(&answer), 0, "call {n} at once");
+    }
+    for n in 0..3 {
+        spare_ready(residue.clone()).await;
+        let answer = call(residue.clone()).await.unwrap();
+        assert_eq!(residue::found(&answer), 0, "call {n} in a spare");
+    }
+
+    // A trapped call's instance is dropped, never made the next call's spare.
+    let panics = hooks("panic", Duration::from_secs(5));
+    assert!(matches!(
+        call(panics.clone()).await,
+        Err(HookError::Failed(_))
+    ));
+    spare_ready(panics.clone()).await;
+    assert!(matches!(
+        call(panics.clone()).await,
+        Err(HookError::Failed(_))
+    ));
+
+    // A spinning hook in a spare: stopped within its deadline all the same.
+    let hang = hooks("hang", Duration::from_millis(300));
+    assert!(matches!(
+        call(hang.clone()).await,
+        Err(HookError::Timeout(_))
+    ));
+    spare_ready(hang.clone()).await;
+    assert!(matches!(
+        call(hang.clone()).await,
+        Err(HookError::Timeout(_))
+    ));
+    spare_ready(residue.clone()).await;
+    let answer = call(residue).await.unwrap();
+    assert_eq!(
+        residue::found(&answer),
+        0,
+        "after the trap and the timeouts"
+    );
 }
 
 /// More hook calls at once than the pool has slots: a call waits for a slot within its deadline,
@@ -353,50 +496,13 @@ async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
 /// slot goes back when the call holding it ends, even by its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_call_without_a_free_slot_waits_then_says_so() {
-    use std::sync::Arc;
-    use wdp::hooks::{HookError, Hooks};
-    use wdp::policy::Policy;
-    use wdp::sandbox::{Guest, HookPool, SandboxOptions};
+    use wdp::hooks::HookError;
+    use wdp::sandbox::HookPool;
 
-    let f = Fixture::new();
-    let sandbox = Sandbox::with_options(
-        roots(&f),
-        SandboxOptions {
-            hook_pool: HookPool { slots: 1 },
-            ..SandboxOptions::default()
-        },
-    )
-    .unwrap();
-    let component = sandbox
-        .load_hooks(&wdp_tests::guest("test_hooks"))
-        .await
-        .unwrap();
-    let hooks = |mode: &str, call_timeout: Duration| {
-        let guest = Guest {
-            limits: GuestLimits {
-                call_timeout,
-                ..GuestLimits::default()
-            },
-            ..Guest::new(mode, vec![("HOOK_MODE".into(), mode.into())])
-        };
-        Arc::new(
-            Hooks::new(
-                sandbox.clone(),
-                guest,
-                Arc::new(Policy::default()),
-                &component,
-            )
-            .unwrap(),
-        )
-    };
+    let (_f, sandbox, hooks) = hook_sandbox(HookPool { slots: 1 }).await;
     let hang = hooks("hang", Duration::from_secs(2));
     let echo = hooks("echo", Duration::from_millis(100));
-    let call = |hooks: Arc<Hooks>| async move {
-        hooks
-            .post_allocate("serial", &residue::requests(), &residue::responses())
-            .await
-            .unwrap()
-    };
+    let call = call_hook;
     let holding = tokio::spawn(call(hang.clone()));
     let metrics = || sandbox.hook_engine().pooling_allocator_metrics().unwrap();
     eventually_showing("the hanging call holds the one slot", || async {
@@ -413,6 +519,14 @@ async fn a_hook_call_without_a_free_slot_waits_then_says_so() {
         other => panic!("expected no free slot, got {other:?}"),
     }
     assert!(matches!(holding.await.unwrap(), Err(HookError::Timeout(_))));
-    assert_eq!(metrics().component_instances(), 0);
+    // The hanging call's instance is dropped; a spare for its hook takes a slot of the spares',
+    // never the one calls wait for.
+    eventually_showing("the hanging call's instance dropped", || async {
+        match (hang.has_spare(), metrics().component_instances()) {
+            (true, 1) => Ok(()),
+            (spare, n) => Err(format!("spare {spare}, {n} instances")),
+        }
+    })
+    .await;
     assert!(call(echo).await.is_ok(), "the slot is free again");
 }

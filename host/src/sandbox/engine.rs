@@ -145,12 +145,19 @@ const STACK_KEEP_RESIDENT: usize = 64 << 10;
 /// guard that compiled code relies on to leave out bounds checks (`Config::memory_reservation`,
 /// the same for every engine, since it is part of the compiled code), and the pool's own maximum
 /// size cannot shrink it. Each guest's `limits.memory` is enforced by its store's limiter, as for
-/// scanners. The reservation is address space only (`PROT_NONE`), about
-/// `slots * (4 GiB + 32 MiB + 2 MiB of stack)`: at most 16 slots, 65 GiB of a 128 TiB address
-/// space; an idle pool holds no memory.
+/// scanners.
+///
+/// Beside the slots calls wait for, the pool holds [`HookPool::spares`] more, for spare
+/// instances: each hook component keeps one fresh instance made after its last call, so the next
+/// call does not instantiate on its critical path (`crate::hooks`). A spare never takes a slot a
+/// call could wait for: when none of the spares' slots is free, no spare is made.
+///
+/// The reservation is address space only (`PROT_NONE`), about
+/// `(slots + spares) * (4 GiB + 32 MiB + 2 MiB of stack)`: at most 24 slots, 98 GiB of a 128 TiB
+/// address space; an idle pool holds no memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HookPool {
-    /// Hook instances at once.
+    /// Hook instances at once, besides the spares.
     pub slots: u32,
 }
 
@@ -175,11 +182,17 @@ impl HookPool {
         }
     }
 
-    /// wasmtime's pooling configuration for these slots: every total is the slots times what
-    /// one instance may hold, so a call holding a slot (`Sandbox::hook_slot`) never finds the
-    /// pool exhausted.
+    /// Slots for spare instances: one per scanner with hooks the pool was sized for (half its
+    /// slots). Hooks a reload adds beyond that go without a spare when none is free.
+    pub fn spares(self) -> u32 {
+        self.slots.div_ceil(2)
+    }
+
+    /// wasmtime's pooling configuration for these slots and the spares': every total is the
+    /// slots times what one instance may hold, so an instance holding a slot
+    /// (`Sandbox::hook_slot`, `Sandbox::spare_slot`) never finds the pool exhausted.
     fn allocation(self) -> PoolingAllocationConfig {
-        let slots = self.slots;
+        let slots = self.slots.saturating_add(self.spares());
         // Keeping pages resident is where the pool's gain is: with nothing kept, every page a
         // call touched is dropped with `madvise` and faulted in again by the next call, and a
         // pooled hook call measured no faster than one mapped per call (criterion, 75 against
@@ -227,7 +240,8 @@ impl HookPool {
 /// but its memory, globals and tables would be what the previous pod's call left there: heap and
 /// statics holding that pod's device IDs and environment, and after a trap an instance that must
 /// not be entered again. That would make isolation between pods' allocations depend on every
-/// hook's own hygiene, so it is not done.
+/// hook's own hygiene, so it is not done. What is done instead (`crate::hooks`) is a spare: an
+/// instance made after a call, never entered before the one call that takes it.
 pub fn hook_engine(pool: HookPool) -> wasmtime::Result<Engine> {
     let mut config = base_config();
     config
@@ -253,6 +267,11 @@ pub fn new_engines(pool: HookPool) -> wasmtime::Result<(Engine, Engine, Arc<Cloc
         .spawn(move || {
             loop {
                 ticker.park_while_idle();
+                // The first tick comes a tick after a guest starts, not as it starts: a tick
+                // makes a running guest yield to tokio, and a hook call that ends within its
+                // first tick (most do) should not be rescheduled, maybe onto the other worker,
+                // for nothing. Its CPU budget counts from its start all the same.
+                std::thread::sleep(TICK);
                 let Some(engine) = weak.upgrade() else { return };
                 engine.increment_epoch();
                 if let Some(hooks) = weak_hooks.upgrade() {
@@ -260,7 +279,6 @@ pub fn new_engines(pool: HookPool) -> wasmtime::Result<(Engine, Engine, Arc<Cloc
                 }
                 ticker.ticks.fetch_add(1, Ordering::Relaxed);
                 drop(engine);
-                std::thread::sleep(TICK);
             }
         })
         .map_err(|e| wasmtime::format_err!("cannot start the epoch ticker thread: {e}"))?;
@@ -310,12 +328,15 @@ mod tests {
         assert_eq!(slots(8), 16);
         assert_eq!(slots(9), HookPool::MAX_SLOTS);
         assert_eq!(slots(usize::MAX), HookPool::MAX_SLOTS);
+        assert_eq!(HookPool { slots: 2 }.spares(), 1, "one per hooked scanner");
+        assert_eq!(HookPool { slots: 5 }.spares(), 3);
+        // Five slots for calls and three for spares.
         let pool = HookPool { slots: 5 }.allocation();
-        assert_eq!(pool.get_total_component_instances(), 5);
-        assert_eq!(pool.get_total_stacks(), 5);
-        assert_eq!(pool.get_total_memories(), 5 * MEMORIES_PER_HOOK);
-        assert_eq!(pool.get_total_tables(), 5 * TABLES_PER_HOOK);
-        assert_eq!(pool.get_total_core_instances(), 5 * CORE_INSTANCES_PER_HOOK);
+        assert_eq!(pool.get_total_component_instances(), 8);
+        assert_eq!(pool.get_total_stacks(), 8);
+        assert_eq!(pool.get_total_memories(), 8 * MEMORIES_PER_HOOK);
+        assert_eq!(pool.get_total_tables(), 8 * TABLES_PER_HOOK);
+        assert_eq!(pool.get_total_core_instances(), 8 * CORE_INSTANCES_PER_HOOK);
     }
 
     /// The compile cache and `wdp precompile` key compiled code by the engine's compatibility

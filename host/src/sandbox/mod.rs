@@ -31,7 +31,7 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-pub use engine::{Clock, HookPool, Running, TICK};
+pub use engine::{Clock, HookPool, Running, TICK, Waiting};
 pub use sink::{SinkClosed, TreeSink};
 pub use state::{CpuBudget, GuestState, Stopped, describe};
 
@@ -251,6 +251,9 @@ pub struct Sandbox {
     hook_linker: Linker<GuestState>,
     /// One permit per slot of the hooks' pool: a call holds one while its store lives.
     hook_slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per slot of the pool kept for spare instances ([`HookPool::spares`]): a spare
+    /// holds one from when it is made until the call that takes it ends.
+    hook_spares: Arc<tokio::sync::Semaphore>,
     hook_pool: HookPool,
     clock: Arc<Clock>,
     rescans: Arc<rescans::Rescans>,
@@ -328,6 +331,7 @@ impl Sandbox {
             hook_engine,
             hook_linker,
             hook_slots: Arc::new(tokio::sync::Semaphore::new(hook_pool.slots as usize)),
+            hook_spares: Arc::new(tokio::sync::Semaphore::new(hook_pool.spares() as usize)),
             hook_pool,
             clock,
             rescans: Arc::default(),
@@ -425,6 +429,20 @@ impl Sandbox {
         }
         // The semaphore is never closed, so acquiring only waits.
         self.hook_slots.clone().acquire_owned().await.ok()
+    }
+
+    /// A slot of the hooks' pool for a spare instance of `component`, if one is free now: a
+    /// spare is made ahead of need, so it never waits, and never takes a slot a call could wait
+    /// for. `None` as well when `component` is not from the pool (instances mapped per call are
+    /// not made ahead).
+    pub fn spare_slot(
+        &self,
+        component: &LoadedComponent,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if !Engine::same(component.pre.engine(), &self.hook_engine) {
+            return None;
+        }
+        self.hook_spares.clone().try_acquire_owned().ok()
     }
 
     /// The size of the hooks' pool.
@@ -596,6 +614,11 @@ impl LoadedComponent {
         &self,
     ) -> Option<bindings::preferred_allocator::PreferredAllocatorPluginPre<GuestState>> {
         bindings::preferred_allocator::PreferredAllocatorPluginPre::new(self.pre.clone()).ok()
+    }
+
+    /// What every hook instance is made from.
+    pub(crate) fn instance_pre(&self) -> &InstancePre<GuestState> {
+        &self.pre
     }
 
     /// The `pre-starter` export, if any.
