@@ -414,10 +414,18 @@ impl Instances {
         store: Option<Store<GuestState>>,
         slot: Option<OwnedSemaphorePermit>,
     ) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            drop(store);
-            drop(slot);
-            return;
+        // Off the call's path only for an instance of the pool: its store holds its slot until
+        // dropped, so the stores left for these tasks are bounded by the pool's slots. One outside
+        // the pool (a hook that fits no slot) has nothing bounding them, and a busy runtime may
+        // run the tasks late: its store is dropped here, on the call's path, as before the pool.
+        let (slot, runtime) = match (slot, tokio::runtime::Handle::try_current()) {
+            (Some(slot), Ok(runtime)) => (slot, runtime),
+            (slot, _) => {
+                // The store first: it gives its pool slot back as it is dropped.
+                drop(store);
+                drop(slot);
+                return;
+            }
         };
         let instances = self.clone();
         runtime.spawn(async move {
