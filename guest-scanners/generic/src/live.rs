@@ -14,8 +14,8 @@
 //! and the whole tree, when it is told, is told without a copy. Its devices are what
 //! [`discover`] gives: the tests compare the two.
 
-use std::collections::HashMap;
-
+use foldhash::HashMap;
+use foldhash::HashMapExt;
 use wdp_guest::hostfs::HostFs;
 use wdp_guest::keptglob::KeptGlob;
 use wdp_guest::scan::{Incremental, changes_between};
@@ -42,9 +42,9 @@ enum Kept {
     Matches {
         spec: PathSpec,
         glob: KeptGlob,
-        /// The path each device was made from, by position in the group.
-        paths: Vec<String>,
-        /// The position of each path's device in the group.
+        /// The position of each device in the group, by id: a match's id is a function of its
+        /// path alone (the directory's, then the entry's name, whose characters are all id
+        /// characters: see [`Kept::scan`]), so it finds the device of a path.
         at: HashMap<String, usize>,
     },
     /// Discovered whole at each scan.
@@ -64,7 +64,6 @@ impl Kept {
             return Kept::Matches {
                 spec: spec.clone(),
                 glob,
-                paths: Vec::new(),
                 at: HashMap::new(),
             };
         }
@@ -111,44 +110,44 @@ impl Kept {
                 let (changes, _) = said.ok_or(())?;
                 return Ok(changes.into_iter().next());
             }
-            Kept::Matches {
-                spec,
-                glob,
-                paths,
-                at,
-            } => {
+            Kept::Matches { spec, glob, at } => {
                 let found = glob.update(fs);
                 for path in found.removed {
-                    let Some(i) = at.remove(&path) else { continue };
+                    let Some(i) = at.remove(&id_from_path(&path)) else {
+                        continue;
+                    };
                     let gone = group.devices.swap_remove(i);
-                    paths.swap_remove(i);
-                    if let Some(moved) = paths.get(i) {
-                        at.insert(moved.clone(), i);
+                    if let Some(moved) = group.devices.get(i)
+                        && let Some(slot) = at.get_mut(&moved.id)
+                    {
+                        *slot = i;
                     }
                     changes.removed.push(gone.id);
                 }
+                // A first scan of a large directory: one allocation each, no growth.
+                at.reserve(found.changed.len());
+                group.devices.reserve(found.changed.len());
                 for m in found.changed {
                     // Ids are the directory's, then the entry's name: two names make one id
                     // only when the id had to change a character of one of them, and then
                     // only the first is in the tree, which this keeping does not follow.
                     let name = m.path.rsplit('/').next().unwrap_or_default();
                     if !name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                        .bytes()
+                        .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
                     {
                         return Err(());
                     }
-                    let info = with_path(DeviceInfo::new(), spec, m.path.clone());
-                    let i = match at.get(&m.path) {
+                    let id = id_from_path(&m.path);
+                    let info = with_path(DeviceInfo::new(), spec, m.path);
+                    let i = match at.get(&id) {
                         Some(&i) if group.devices[i].info == info => continue,
                         Some(&i) => {
                             group.devices[i].info = info;
                             i
                         }
                         None => {
-                            let id = id_from_path(&m.path);
-                            at.insert(m.path.clone(), group.devices.len());
-                            paths.push(m.path);
+                            at.insert(id.clone(), group.devices.len());
                             group.devices.push(Device { id, info });
                             group.devices.len() - 1
                         }
@@ -280,6 +279,27 @@ mod tests {
             .char_dev("/dev/dri/renderD129", 226, 129);
         let changes = scan(&mut live, &fs, config).unwrap();
         assert_eq!(said(&changes), ["gpu: +dri_card1+dri_renderD129 -"]);
+    }
+
+    #[test]
+    fn a_device_moved_into_a_removed_ones_place_is_found_there() {
+        let config = r#"[{"name":"bulk","groups":[{"paths":[{"path":"/dev/bulk/d*"}]}]}]"#;
+        let mut fs = FakeFs::new();
+        fs.char_dev("/dev/bulk/d0", 240, 0)
+            .char_dev("/dev/bulk/d1", 240, 1)
+            .char_dev("/dev/bulk/d2", 240, 2);
+        let mut live = live(config, &fs);
+        scan(&mut live, &fs, config);
+        // d2, the last device, takes d0's place; then it goes too.
+        fs.remove("/dev/bulk/d0");
+        let changes = scan(&mut live, &fs, config).unwrap();
+        assert_eq!(said(&changes), ["bulk: + -bulk_d0"]);
+        fs.remove("/dev/bulk/d2");
+        let changes = scan(&mut live, &fs, config).unwrap();
+        assert_eq!(said(&changes), ["bulk: + -bulk_d2"]);
+        fs.char_dev("/dev/bulk/d3", 240, 3);
+        let changes = scan(&mut live, &fs, config).unwrap();
+        assert_eq!(said(&changes), ["bulk: +bulk_d3 -"]);
     }
 
     #[test]
