@@ -53,13 +53,8 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
     expect_log(&host, HANDED_BACK, long).await?;
     let extra = format!("bulk/d{n}");
     let mut jitter = Jitter::new();
-    let (mut first, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
-    for cycle in 0..=sizes.bulk_cycles {
-        let (up, down) = if cycle == 0 {
-            (&mut first, None)
-        } else {
-            (&mut up, Some(&mut down))
-        };
+    // One node added, then removed again: the two changes' times to the stand-in's list.
+    let mut cycle = async || -> Result<[Duration; 2]> {
         tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.char_dev(&extra, fixtures::BULK_MAJOR, n as u32);
@@ -67,7 +62,7 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
             o.count(BULK) == Some(n + 1)
         })
         .await?;
-        up.push(at - t0);
+        let added = at - t0;
         tokio::time::sleep(jitter.after_quiet_interval()).await;
         let t0 = Instant::now();
         f.remove_dev(&extra);
@@ -75,7 +70,14 @@ pub async fn run(ctx: &Ctx, sizes: &Sizes, report: &mut Report) -> Result<()> {
             o.count(BULK) == Some(n)
         })
         .await?;
-        down.unwrap_or(up).push(at - t0);
+        Ok([added, at - t0])
+    };
+    let first = cycle().await?;
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    for _ in 0..sizes.bulk_cycles {
+        let [added, removed] = cycle().await?;
+        up.push(added);
+        down.push(removed);
     }
     let mem = wdp_bench::procfs::memory(host.pid()).ok();
     host.stop().await?;

@@ -38,6 +38,8 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+mod raw;
+
 /// What an authority the HTTP/2 server refuses is rewritten to.
 pub const LOCALHOST: &str = "localhost";
 
@@ -112,6 +114,8 @@ struct Rewriter {
     input: BytesMut,
     block: Option<Block>,
     decoder: loona_hpack::Decoder<'static>,
+    /// The block being decoded with its strings raw ([`raw::unhuffman`]), kept for the next.
+    raw: Vec<u8>,
 }
 
 fn invalid(what: impl Into<String>) -> io::Error {
@@ -131,6 +135,7 @@ impl Rewriter {
             input: BytesMut::new(),
             block: None,
             decoder,
+            raw: Vec::new(),
         }
     }
 
@@ -270,10 +275,13 @@ impl Rewriter {
         if let Some(priority) = block.priority {
             encoded.extend_from_slice(&priority);
         }
+        self.raw.clear();
+        raw::unhuffman(&block.fragment, &mut self.raw)
+            .map_err(|e| invalid(format!("HPACK: {e}")))?;
         let mut listed = 0usize;
         let policy = &self.policy;
         self.decoder
-            .decode_with_cb(&block.fragment, |name, value| {
+            .decode_with_cb(&self.raw, |name, value| {
                 listed += name.len() + value.len() + 32;
                 // Indexed fields cost a byte each and may name 4 KiB of table: past the limit
                 // nothing more is written (the block is refused below).

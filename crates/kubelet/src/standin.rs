@@ -151,15 +151,18 @@ impl Plugin {
     fn health(&self) -> HashMap<&str, &str> {
         self.devices
             .iter()
-            .map(|d| {
-                let health = if self.stopped {
-                    "Unhealthy"
-                } else {
-                    d.health.as_str()
-                };
-                (d.id.as_str(), health)
-            })
+            .map(|d| (d.id.as_str(), self.held(d)))
             .collect()
+    }
+
+    /// The health kubelet holds for `device`, one of the last list's: its own, or "Unhealthy"
+    /// once the endpoint stopped.
+    fn held<'a>(&self, device: &'a api::Device) -> &'a str {
+        if self.stopped {
+            "Unhealthy"
+        } else {
+            &device.health
+        }
     }
 }
 
@@ -295,7 +298,10 @@ impl StandIn {
     pub fn health(&self, resource: &str, id: &str) -> Option<String> {
         let plugins = self.plugins();
         let plugin = plugins.get(resource)?;
-        plugin.health().get(id).map(|h| h.to_string())
+        // From the end: a repeated id's last entry is the one kubelet's map keeps. One id is
+        // asked about, so the map of every device is not built for it.
+        let device = plugin.devices.iter().rev().find(|d| d.id == id)?;
+        Some(plugin.held(device).to_owned())
     }
 
     /// What kubelet's device manager reports for the Node's status (`GetCapacity` in

@@ -60,28 +60,26 @@ impl EncodedList {
     /// fall in, and returns the whole list.
     pub fn update(&mut self, group: &DeviceGroup) -> Listed {
         let mut dirty = BTreeSet::new();
-        if self.runs.is_empty() {
-            self.rebuild(group);
-        } else {
-            for item in self.group.diff(group) {
+        // Past half the runs, encoding all of them at once is cheaper than run by run; before
+        // the first update there are no runs to keep.
+        let whole = self.runs.is_empty()
+            || self.group.diff(group).any(|item| {
                 let id = match item {
                     DiffItem::Add(id, _) | DiffItem::Remove(id, _) => id,
                     DiffItem::Update { new: (id, _), .. } => id,
                 };
                 dirty.insert(self.run_of(id).to_owned());
-                // Past half the runs, encoding all of them at once is cheaper than run by run.
-                if dirty.len() > self.runs.len() / 2 {
-                    break;
-                }
-            }
-            if dirty.len() > self.runs.len() / 2 {
-                self.rebuild(group);
-            } else {
-                self.group = group.clone();
-                for key in dirty {
-                    self.reencode(&key);
-                }
-            }
+                dirty.len() > self.runs.len() / 2
+            });
+        self.group = group.clone();
+        if whole {
+            // One run over every device, which re-encoding it cuts into runs of RUN.
+            self.runs.clear();
+            self.runs.insert(String::new(), Run::default());
+            dirty = BTreeSet::from([String::new()]);
+        }
+        for key in dirty {
+            self.reencode(&key);
         }
         self.joined()
     }
@@ -92,25 +90,6 @@ impl EncodedList {
             .range::<str, _>((Bound::Unbounded, Bound::Included(id)))
             .next_back()
             .map_or("", |(key, _)| key.as_str())
-    }
-
-    /// Cuts `group` into runs of [`RUN`] devices and encodes each.
-    fn rebuild(&mut self, group: &DeviceGroup) {
-        self.group = group.clone();
-        self.runs.clear();
-        let mut key = String::new();
-        let mut run = Encoding::new(RUN);
-        for (id, info) in group.iter() {
-            if run.devices == RUN {
-                let next = Encoding::new(RUN);
-                self.runs.insert(
-                    std::mem::replace(&mut key, id.clone()),
-                    std::mem::replace(&mut run, next).finish(),
-                );
-            }
-            run.push(id, info);
-        }
-        self.runs.insert(key, run.finish());
     }
 
     /// Encodes run `key` again from the group; a run that grew is cut in two or more, one that
@@ -131,32 +110,24 @@ impl EncodedList {
             let before = self.run_of(key).to_owned();
             return self.reencode(&before);
         }
-        // More than two runs' worth: cut into runs of RUN, the first keeping `key`.
-        let mut runs = Vec::new();
-        for (i, chunk) in devices
-            .chunks(if devices.len() > 2 * RUN {
-                RUN
-            } else {
-                devices.len().max(1)
-            })
-            .enumerate()
-        {
-            let mut run = Encoding::new(chunk.len());
-            for (id, info) in chunk {
-                run.push(id, info);
+        // More than two runs' worth is cut into runs of RUN, the first keeping `key`; less stays
+        // one run, which is empty for an empty group's only run.
+        let size = if devices.len() > 2 * RUN {
+            RUN
+        } else {
+            devices.len().max(1)
+        };
+        let mut run_key = key.to_owned();
+        let mut run = Encoding::new(size);
+        for (i, (id, info)) in devices.into_iter().enumerate() {
+            if i > 0 && i % size == 0 {
+                let done = std::mem::replace(&mut run, Encoding::new(size));
+                self.runs
+                    .insert(std::mem::replace(&mut run_key, id.clone()), done.finish());
             }
-            let run_key = match (i, chunk.first()) {
-                (0, _) | (_, None) => key.to_owned(),
-                (_, Some((id, _))) => (*id).clone(),
-            };
-            runs.push((run_key, run.finish()));
+            run.push(id, info);
         }
-        if runs.is_empty() {
-            runs.push((key.to_owned(), Run::default()));
-        }
-        for (run_key, run) in runs {
-            self.runs.insert(run_key, run);
-        }
+        self.runs.insert(run_key, run.finish());
     }
 
     /// The runs one after the other, and their healthy devices.
@@ -178,7 +149,6 @@ impl EncodedList {
 /// A run being encoded.
 struct Encoding {
     list: ListEncoder,
-    devices: usize,
     healthy: usize,
 }
 
@@ -186,7 +156,6 @@ impl Encoding {
     fn new(devices: usize) -> Self {
         Encoding {
             list: ListEncoder::with_capacity(devices),
-            devices: 0,
             healthy: 0,
         }
     }
@@ -206,7 +175,6 @@ impl Encoding {
                     .collect(),
             });
         self.list.push(id, info.health.as_str(), topology.as_ref());
-        self.devices += 1;
         self.healthy += usize::from(info.health == Health::Healthy);
     }
 
