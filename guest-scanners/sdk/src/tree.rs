@@ -224,7 +224,7 @@ pub fn sanitize_id(s: &str) -> String {
     let kept = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-');
     // Paths are ASCII but for odd names: byte for byte, in one allocation of the final size (a
     // scan of 1,000 devices makes 1,000 ids inside wasm, where decoding and pushing each
-    // character one by one was a twentieth of the scan).
+    // character one by one was a fifteenth of the scan).
     if s.is_ascii() {
         let bytes = s.bytes().map(|c| if kept(c) { c } else { b'_' }).collect();
         // Always Ok: ASCII bytes, some replaced by another ASCII byte.
