@@ -19,7 +19,7 @@ use foldhash::HashMapExt;
 use wdp_guest::hostfs::HostFs;
 use wdp_guest::keptglob::KeptGlob;
 use wdp_guest::scan::{Incremental, changes_between};
-use wdp_guest::tree::id_from_path;
+use wdp_guest::tree::{id_from_path, is_id_char};
 use wdp_guest::types::{Device, DeviceGroup, GroupChanges};
 use wdp_guest::{DeviceInfo, DeviceTree};
 
@@ -132,10 +132,7 @@ impl Kept {
                     // only when the id had to change a character of one of them, and then
                     // only the first is in the tree, which this keeping does not follow.
                     let name = m.path.rsplit('/').next().unwrap_or_default();
-                    if !name
-                        .bytes()
-                        .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
-                    {
+                    if !name.bytes().all(is_id_char) {
                         return Err(());
                     }
                     let id = id_from_path(&m.path);

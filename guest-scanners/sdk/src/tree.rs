@@ -194,8 +194,14 @@ pub fn is_dev_type(s: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter().all(|&c| is_id_char(c))
+}
+
+/// True for a byte that device ids and device type names are made of: an ASCII letter or digit,
+/// `.`, `_` or `-`. Why: [`sanitize_id`] keeps exactly these and replaces every other character,
+/// so a scanner that makes ids from names can tell whether a name survives as it is.
+pub fn is_id_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-')
 }
 
 /// `<base>-0` .. `<base>-<count-1>`.
@@ -221,12 +227,14 @@ pub fn sanitize_id(s: &str) -> String {
     if s.is_empty() {
         return "_".into();
     }
-    let kept = |c: u8| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-');
     // Paths are ASCII but for odd names: byte for byte, in one allocation of the final size (a
     // scan of 1,000 devices makes 1,000 ids inside wasm, where decoding and pushing each
     // character one by one was a fifteenth of the scan).
     if s.is_ascii() {
-        let bytes = s.bytes().map(|c| if kept(c) { c } else { b'_' }).collect();
+        let bytes = s
+            .bytes()
+            .map(|c| if is_id_char(c) { c } else { b'_' })
+            .collect();
         // Always Ok: ASCII bytes, some replaced by another ASCII byte.
         if let Ok(id) = String::from_utf8(bytes) {
             return id;
@@ -234,7 +242,7 @@ pub fn sanitize_id(s: &str) -> String {
     }
     s.chars()
         .map(|c| {
-            if c.is_ascii() && kept(c as u8) {
+            if c.is_ascii() && is_id_char(c as u8) {
                 c
             } else {
                 '_'
