@@ -29,6 +29,9 @@ pub struct Sizes {
     pub wasm_devices: usize,
     /// Fresh wasm instances, each timed on its first scan.
     pub wasm_cold: usize,
+    /// Rounds the wasm and native scans are taken in, alternated, so both sides see the same
+    /// minutes of the machine.
+    pub wasm_rounds: usize,
     /// Changes seen by one warm wasm instance.
     pub wasm_warm: usize,
     /// Timed scans of `generic-native`.
@@ -57,7 +60,8 @@ impl Sizes {
             bulk_devices: 10_000,
             bulk_cycles: 50,
             wasm_devices: 1000,
-            wasm_cold: 20,
+            wasm_cold: 100,
+            wasm_rounds: 10,
             wasm_warm: 40,
             native_runs: 200,
             fleet_nodes: 1000,
@@ -80,6 +84,7 @@ impl Sizes {
             bulk_cycles: 3,
             wasm_devices: 1000,
             wasm_cold: 3,
+            wasm_rounds: 1,
             wasm_warm: 5,
             native_runs: 20,
             fleet_nodes: 1000,
