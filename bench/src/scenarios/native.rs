@@ -83,6 +83,26 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
             handed: handed.clone(),
         })
     };
+    // A fresh instance, its scan running on a task of its own (aborted when dropped: an early
+    // return stops the guest too); the channel its trees come out of; when its instantiation
+    // began and ended, the end taken before the scan can start.
+    let scanning = |handed: &Handed| {
+        let (tx, rx) = mpsc::channel(4);
+        let store = sandbox.store(&scanner.guest, sink(tx, handed));
+        async {
+            let mut store = store?;
+            let began = Instant::now();
+            let plugin = scanner.pre.instantiate_async(&mut store).await?;
+            let ended = Instant::now();
+            let task = AbortOnDropHandle::new(tokio::spawn(async move {
+                plugin
+                    .wdp_device_plugin_scanner()
+                    .call_scan(&mut store)
+                    .await
+            }));
+            anyhow::Ok((task, rx, began, ended))
+        }
+    };
     let devfs = DevFs::open(&f.dev())?;
     let host_topology = Topology::new(&f.sys());
     let tree = fixtures::synthetic_tree("bench", "bench", n, true);
@@ -116,20 +136,9 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         // Cold: a fresh instance's first scan, from the end of instantiation to its tree handed
         // to the host (the row), and to the tree validated.
         for _ in 0..per_round(sizes.wasm_cold) {
-            let (tx, mut rx) = mpsc::channel(4);
             let handed = Handed::default();
-            let mut store = sandbox.store(&scanner.guest, sink(tx, &handed))?;
-            let t_inst = Instant::now();
-            let plugin = scanner.pre.instantiate_async(&mut store).await?;
-            let t0 = Instant::now();
+            let (task, mut rx, t_inst, t0) = scanning(&handed).await?;
             instantiate.push(t0 - t_inst);
-            // Aborted when dropped: an early return stops the guest too.
-            let task = AbortOnDropHandle::new(tokio::spawn(async move {
-                plugin
-                    .wdp_device_plugin_scanner()
-                    .call_scan(&mut store)
-                    .await
-            }));
             let first = rx.recv().await;
             cold.push(t0.elapsed());
             cold_handed.push(handed.since(t0)?);
@@ -166,16 +175,8 @@ pub async fn run(sizes: &Sizes, report: &mut Report) -> Result<()> {
         f.remove_dev(&extra);
         tokio::time::sleep(ms(5)).await;
     }
-    let (tx, mut rx) = mpsc::channel(4);
     let handed = Handed::default();
-    let mut store = sandbox.store(&scanner.guest, sink(tx, &handed))?;
-    let plugin = scanner.pre.instantiate_async(&mut store).await?;
-    let task = AbortOnDropHandle::new(tokio::spawn(async move {
-        plugin
-            .wdp_device_plugin_scanner()
-            .call_scan(&mut store)
-            .await
-    }));
+    let (task, mut rx, _, _) = scanning(&handed).await?;
     let first = rx.recv().await;
     ensure!(matches!(first, Some(ScannerEvent::Tree(_))), "first tree");
     let mut warm = Vec::new();
