@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use crate::bindings::scanner::wdp::device_plugin::hostfs as raw_hostfs;
 use crate::devfs::{Devfs, DirChanges, Node, NodeKind};
-use crate::pathglob::DirSource;
+use crate::pathglob::{self, DirSource};
 use crate::sysfs::StdFs;
 
 pub use crate::reads::{HostFs, ReadError, realpath};
@@ -84,12 +84,7 @@ impl DirSource for Host {
         if in_dev(dir) {
             return Devfs.list_changes(dir, since);
         }
-        Ok(DirChanges {
-            version: 0,
-            whole: true,
-            changed: self.list(dir)?,
-            removed: Vec::new(),
-        })
+        pathglob::whole_listing(self, dir)
     }
 }
 

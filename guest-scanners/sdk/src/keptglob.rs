@@ -298,7 +298,7 @@ mod tests {
         for step in 0..300 {
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
             let name = format!("/dev/d{}", (x >> 16) % 20);
-            if (x >> 8) % 3 == 0 {
+            if (x >> 8).is_multiple_of(3) {
                 fs.remove(&name);
             } else {
                 fs.char_dev(&name, 240, (x >> 4) % 4);

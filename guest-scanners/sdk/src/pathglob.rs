@@ -23,13 +23,22 @@ pub trait DirSource {
     /// yet), as the host's `devfs.read-dir-changes` answers it. By default the whole listing,
     /// with version 0: a source that keeps nothing.
     fn list_changes(&self, dir: &str, _since: u64) -> Result<DirChanges, String> {
-        Ok(DirChanges {
-            version: 0,
-            whole: true,
-            changed: self.list(dir)?,
-            removed: Vec::new(),
-        })
+        whole_listing(self, dir)
     }
+}
+
+/// The whole listing of `dir` as `list_changes` answers it, with version 0: what a source that
+/// keeps nothing between listings says.
+pub(crate) fn whole_listing<S: DirSource + ?Sized>(
+    source: &S,
+    dir: &str,
+) -> Result<DirChanges, String> {
+    Ok(DirChanges {
+        version: 0,
+        whole: true,
+        changed: source.list(dir)?,
+        removed: Vec::new(),
+    })
 }
 
 /// One path matched by a glob, with its metadata.
