@@ -342,6 +342,11 @@ async fn native_scans(f: &Fixture, devices: &str, n: usize, runs: usize) -> Resu
 struct Handed(Arc<Mutex<Option<Instant>>>);
 
 impl Handed {
+    /// A tree (or changes) handed now.
+    fn mark(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
     /// From `t0` to the tree handed since, which is then forgotten.
     fn since(&self, t0: Instant) -> Result<Duration> {
         let at = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -364,7 +369,7 @@ impl TreeSink for Timed {
         attributes: Vec<types::DeviceAttributes>,
         bytes: usize,
     ) -> Pin<Box<dyn Future<Output = Result<(), SinkClosed>> + Send + '_>> {
-        *self.handed.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.handed.mark();
         self.inner.notify(tree, attributes, bytes)
     }
 
@@ -374,7 +379,7 @@ impl TreeSink for Timed {
         attributes: Vec<types::DeviceAttributes>,
         bytes: usize,
     ) -> Pin<Box<dyn Future<Output = Result<bool, SinkClosed>> + Send + '_>> {
-        *self.handed.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.handed.mark();
         self.inner.changes(changes, attributes, bytes)
     }
 }
