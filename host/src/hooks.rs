@@ -8,13 +8,15 @@
 //! keeps every instance fresh), so a call maps and unmaps nothing; a call waits for a free slot
 //! within its deadline ([`HookError::Busy`] when none comes).
 //!
-//! What a call would otherwise do on its critical path is done off it, on a task of its own
-//! once the call has its answer: its store is dropped (the slot's reset) and a spare instance
-//! is made for the next call (a store, its WASI context and the instantiation). A spare is as
-//! fresh as an instance made for the call: made from the `InstancePre`, never entered before the
-//! one call that takes it, and never made from a used instance; a call that finds no spare
-//! (the first, or one that overlaps another) makes its own as before. The spare's store counts
-//! as waiting, not running, so an idle host's epoch ticker still parks.
+//! What a call would otherwise do on its critical path is done off it, by the hook's own thread
+//! ([`tidier`]) as the next call starts, beside that call's run: the finished call's store is
+//! dropped (the slot's reset) and a spare instance is made for the call after (a store, its WASI
+//! context and the instantiation). A spare is as fresh as an instance made for the call: made
+//! from the `InstancePre`, never entered before the one call that takes it, and never made from
+//! a used instance; a call that finds no spare (the first, or one that overlaps another) makes
+//! its own as before. A finished call's store is never entered again; until the next call
+//! starts it holds its slot and the pages the call dirtied. Both it and the spare count as
+//! waiting, not running, so an idle host's epoch ticker still parks.
 //!
 //! Every call has the scanner's `call-timeout` as its deadline, and `pre-start-container` at most
 //! [`PRE_START_DEADLINE`]: kubelet gives PreStartContainer 30 s
@@ -22,10 +24,11 @@
 //! hook must answer, even with an error, before that. Allocate and GetPreferredAllocation have no
 //! deadline on kubelet's side.
 
+mod tidier;
+
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -84,9 +87,9 @@ pub struct Hooks {
 }
 
 /// The instances of one hook component: each call gets a fresh one, the spare when one is ready
-/// (made after the previous call, off the path of any call) or one made for it; after the call
-/// its store is dropped (which resets its pool slot) and the next spare made, both off the
-/// call's path too.
+/// (made as the previous call ran, off the path of any call) or one made for it. After the call
+/// its store waits, unused, until the next call starts; then the hook's thread drops it (which
+/// resets its pool slot) and makes the next spare.
 struct Instances {
     sandbox: Arc<Sandbox>,
     guest: Guest,
@@ -94,8 +97,12 @@ struct Instances {
     component: LoadedComponent,
     /// At most one spare; a call takes it out, so no two calls can be handed the same one.
     spare: Mutex<Option<Spare>>,
-    /// Set while a spare is being made: one at a time.
-    making: AtomicBool,
+    /// The stores of the calls that ended since the last call started, for the thread to drop:
+    /// one per call slot at most, as each holds its slot.
+    used: Mutex<Vec<Used>>,
+    /// The thread that drops them and makes spares, started by the first call; `None` if the
+    /// system refused it, and then stores are dropped on the call's path and no spare is made.
+    tidier: OnceLock<Option<tidier::Tidier>>,
 }
 
 /// A fresh instance made ahead of the call that will take it: instantiated (its start functions,
@@ -110,6 +117,15 @@ struct Spare {
     /// Its slot of the pool's spares; dropped after `store` (fields drop in order), as the
     /// instance gives its pool slot back when its store is dropped.
     slot: OwnedSemaphorePermit,
+}
+
+/// A finished call's store, never entered again, held only to be dropped by the thread.
+struct Used {
+    /// Counts the store as waiting (as a spare's); dropped first, for the same reason.
+    _idle: Waiting,
+    _store: Store<GuestState>,
+    /// Its slot; given back after the store (fields drop in order), which resets the slot.
+    _slot: OwnedSemaphorePermit,
 }
 
 /// The instance one call runs in: its store, the instance if made already (a spare), and the
@@ -152,7 +168,8 @@ impl Hooks {
                 guest: guest.clone(),
                 component: component.clone(),
                 spare: Mutex::new(None),
-                making: AtomicBool::new(false),
+                used: Mutex::new(Vec::new()),
+                tidier: OnceLock::new(),
             }),
             guest,
             policy,
@@ -304,11 +321,15 @@ impl Hooks {
     {
         // The wait for a slot counts against the call's deadline: kubelet's does not stop.
         let waiting = std::time::Instant::now();
+        let spare = self.instances.take_spare();
+        // After the spare is taken, so the thread makes the next call's; before waiting for a
+        // slot, which the stores it drops may be holding.
+        self.instances.tidy();
         let ForCall {
             mut store,
             instance,
             slot,
-        } = match self.instances.take_spare() {
+        } = match spare {
             Some(spare) => spare,
             None => self.instances.for_call(deadline).await?,
         };
@@ -404,46 +425,73 @@ impl Instances {
         })
     }
 
-    /// After a call: its store (if it outlived the call) is dropped, then its slot, and a spare
-    /// is made for the next call. On a task of its own, so the call answers first: dropping the
-    /// store resets the slot (the pages the call dirtied, its stack) and the spare instantiates,
-    /// neither of which the caller needs to wait for. A store after a trap is dropped like any
-    /// other: never made a spare, its slot reset by wasmtime before anything takes it again.
-    fn after_call(
-        self: &Arc<Self>,
-        store: Option<Store<GuestState>>,
-        slot: Option<OwnedSemaphorePermit>,
-    ) {
-        // Off the call's path only for an instance of the pool: its store holds its slot until
-        // dropped, so the stores left for these tasks are bounded by the pool's slots. One outside
-        // the pool (a hook that fits no slot) has nothing bounding them, and a busy runtime may
-        // run the tasks late: its store is dropped here, on the call's path, as before the pool.
-        let (slot, runtime) = match (slot, tokio::runtime::Handle::try_current()) {
-            (Some(slot), Ok(runtime)) => (slot, runtime),
-            (slot, _) => {
-                // The store first: it gives its pool slot back as it is dropped.
+    /// After a call: its store (if it outlived the call) waits with its slot for the next call's
+    /// start ([`Instances::tidy`]), so the call answers first and the work is not done as its
+    /// answer goes out. A store after a trap waits like any other: it is never entered again,
+    /// never made a spare, and its slot is reset by wasmtime before anything takes it again.
+    fn after_call(&self, store: Option<Store<GuestState>>, slot: Option<OwnedSemaphorePermit>) {
+        match (store, slot, self.tidier()) {
+            (Some(store), Some(slot), Some(_)) => self.used().push(Used {
+                _idle: self.sandbox.clock().waiting(),
+                _store: store,
+                _slot: slot,
+            }),
+            // Only an instance of the pool waits: its slot bounds how many can. One outside the
+            // pool (a hook that fits no slot) has nothing bounding them, so it is dropped here,
+            // on the call's path, as is everything when the thread could not be started. The
+            // store first: it gives its pool slot back as it is dropped.
+            (store, slot, _) => {
                 drop(store);
                 drop(slot);
-                return;
             }
-        };
-        let instances = self.clone();
-        runtime.spawn(async move {
-            drop(store);
-            drop(slot);
-            instances.make_spare().await;
-        });
+        }
     }
 
-    /// Makes a spare unless one is ready or being made.
+    /// As a call starts: hands the thread the finished calls' stores to drop and the making of
+    /// the next spare.
+    fn tidy(self: &Arc<Self>) {
+        let Some(tidier) = self.tidier() else {
+            return;
+        };
+        let used = std::mem::take(&mut *self.used());
+        let instances = self.clone();
+        tidier.run(Box::new(move |runtime| {
+            drop(used);
+            runtime.block_on(instances.make_spare());
+        }));
+    }
+
+    /// The hook's thread, started by the first call.
+    fn tidier(&self) -> Option<&tidier::Tidier> {
+        self.tidier
+            .get_or_init(|| match tidier::Tidier::start() {
+                Ok(tidier) => Some(tidier),
+                Err(error) => {
+                    tracing::warn!(
+                        scanner = &*self.guest.name,
+                        %error,
+                        "cannot start the hook's thread: its calls make their own instances and drop them on their path"
+                    );
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    fn used(&self) -> std::sync::MutexGuard<'_, Vec<Used>> {
+        // A panic while the lock was held left at worst a store not yet handed over: the next
+        // call hands it over, or the component's drop drops it.
+        self.used.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes a spare unless one is ready. Run only by the hook's thread, so one at a time.
     async fn make_spare(&self) {
-        if self.spare().is_some() || self.making.swap(true, Ordering::AcqRel) {
+        if self.spare().is_some() {
             return;
         }
         if let Some(spare) = self.new_spare().await {
             *self.spare() = Some(spare);
         }
-        self.making.store(false, Ordering::Release);
     }
 
     /// A fresh instance in a slot of the pool's spares, if one is free. One that fails to

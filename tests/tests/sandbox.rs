@@ -400,10 +400,12 @@ async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
             .unwrap();
         assert_eq!(residue::found(&answer), 0, "call {call}");
     }
-    // What is left is the spare made after the last call, never entered yet.
-    eventually_showing("only the spare left", || async {
+    // What is left is the spare made as the last call ran, never entered yet, and the last
+    // call's store, waiting for the next call's start: the earlier calls' were dropped as the
+    // calls after them started.
+    eventually_showing("the spare and the last call's store", || async {
         match (hooks.has_spare(), metrics().component_instances()) {
-            (true, 1) => Ok(()),
+            (true, 2) => Ok(()),
             (spare, n) => Err(format!("spare {spare}, {n} instances")),
         }
     })
@@ -415,9 +417,18 @@ async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
     assert!(
         pool.unused_warm_memories() <= sandbox.hook_pool().slots + sandbox.hook_pool().spares()
     );
+    // The hooks dropped (a reload, a stop): the store and the spare go with them.
+    drop(hooks);
+    eventually_showing("no instance left", || async {
+        match metrics().component_instances() {
+            0 => Ok(()),
+            n => Err(format!("{n} instances")),
+        }
+    })
+    .await;
 }
 
-/// A spare instance (made after a call, for the next) is handed to one call only, and is as
+/// A spare instance (made as a call runs, for the next) is handed to one call only, and is as
 /// fresh as one made for the call: calls at once each find no residue of another, a call after
 /// one that panicked finds none either, and a spare taken by a hook that spins is still stopped
 /// by its deadline and CPU budget, counted from the call's start.
@@ -431,7 +442,7 @@ async fn spare_hook_instances_are_fresh_and_used_once() {
     let (_f, _sandbox, hooks) = hook_sandbox(HookPool::for_hooked_scanners(3)).await;
     let call = call_hook;
     let spare_ready = |hooks: Arc<Hooks>| async move {
-        eventually_showing("a spare made after the call", || async {
+        eventually_showing("a spare made as the call ran", || async {
             if hooks.has_spare() {
                 Ok(())
             } else {
@@ -505,10 +516,11 @@ async fn a_hook_call_without_a_free_slot_waits_then_says_so() {
     let call = call_hook;
     let holding = tokio::spawn(call(hang.clone()));
     let metrics = || sandbox.hook_engine().pooling_allocator_metrics().unwrap();
+    // Its instance, and the spare its hook's thread made as it started.
     eventually_showing("the hanging call holds the one slot", || async {
-        match metrics().component_instances() {
-            1 => Ok(()),
-            n => Err(format!("{n} instances")),
+        match (hang.has_spare(), metrics().component_instances()) {
+            (true, 2) => Ok(()),
+            (spare, n) => Err(format!("spare {spare}, {n} instances")),
         }
     })
     .await;
@@ -519,8 +531,8 @@ async fn a_hook_call_without_a_free_slot_waits_then_says_so() {
         other => panic!("expected no free slot, got {other:?}"),
     }
     assert!(matches!(holding.await.unwrap(), Err(HookError::Timeout(_))));
-    // The hanging call's instance is dropped; a spare for its hook takes a slot of the spares',
-    // never the one calls wait for.
+    // The hanging call's instance is dropped (a call cut off by its deadline leaves no store);
+    // its hook's spare holds a slot of the spares', never the one calls wait for.
     eventually_showing("the hanging call's instance dropped", || async {
         match (hang.has_spare(), metrics().component_instances()) {
             (true, 1) => Ok(()),

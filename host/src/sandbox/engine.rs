@@ -148,12 +148,12 @@ const STACK_KEEP_RESIDENT: usize = 64 << 10;
 /// scanners.
 ///
 /// Beside the slots calls wait for, the pool holds [`HookPool::spares`] more, for spare
-/// instances: each hook component keeps one fresh instance made after its last call, so the next
-/// call does not instantiate on its critical path (`crate::hooks`). A spare never takes a slot a
-/// call could wait for: when none of the spares' slots is free, no spare is made.
+/// instances: each hook component keeps one fresh instance, made as its last call ran, so the
+/// next call does not instantiate on its critical path (`crate::hooks`). A spare never takes a
+/// slot a call could wait for: when none of the spares' slots is free, no spare is made.
 ///
 /// The reservation is address space only (`PROT_NONE`), about
-/// `(slots + spares) * (4 GiB + 32 MiB + 2 MiB of stack)`: at most 24 slots, 98 GiB of a 128 TiB
+/// `(slots + spares) * (4 GiB + 32 MiB + 2 MiB of stack)`: at most 32 slots, 129 GiB of a 128 TiB
 /// address space; an idle pool holds no memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HookPool {
@@ -182,10 +182,12 @@ impl HookPool {
         }
     }
 
-    /// Slots for spare instances: one per scanner with hooks the pool was sized for (half its
-    /// slots). Hooks a reload adds beyond that go without a spare when none is free.
+    /// Slots for spare instances: two per scanner with hooks the pool was sized for (as many as
+    /// its slots), as a call that took its hook's spare still holds that spare's slot, with its
+    /// finished store, while the hook's next spare is made (`crate::hooks`). Hooks a reload adds
+    /// beyond that go without a spare when none is free.
     pub fn spares(self) -> u32 {
-        self.slots.div_ceil(2)
+        self.slots
     }
 
     /// wasmtime's pooling configuration for these slots and the spares': every total is the
@@ -328,15 +330,18 @@ mod tests {
         assert_eq!(slots(8), 16);
         assert_eq!(slots(9), HookPool::MAX_SLOTS);
         assert_eq!(slots(usize::MAX), HookPool::MAX_SLOTS);
-        assert_eq!(HookPool { slots: 2 }.spares(), 1, "one per hooked scanner");
-        assert_eq!(HookPool { slots: 5 }.spares(), 3);
-        // Five slots for calls and three for spares.
+        assert_eq!(HookPool { slots: 2 }.spares(), 2, "two per hooked scanner");
+        assert_eq!(HookPool { slots: 5 }.spares(), 5);
+        // Five slots for calls and five for spares.
         let pool = HookPool { slots: 5 }.allocation();
-        assert_eq!(pool.get_total_component_instances(), 8);
-        assert_eq!(pool.get_total_stacks(), 8);
-        assert_eq!(pool.get_total_memories(), 8 * MEMORIES_PER_HOOK);
-        assert_eq!(pool.get_total_tables(), 8 * TABLES_PER_HOOK);
-        assert_eq!(pool.get_total_core_instances(), 8 * CORE_INSTANCES_PER_HOOK);
+        assert_eq!(pool.get_total_component_instances(), 10);
+        assert_eq!(pool.get_total_stacks(), 10);
+        assert_eq!(pool.get_total_memories(), 10 * MEMORIES_PER_HOOK);
+        assert_eq!(pool.get_total_tables(), 10 * TABLES_PER_HOOK);
+        assert_eq!(
+            pool.get_total_core_instances(),
+            10 * CORE_INSTANCES_PER_HOOK
+        );
     }
 
     /// The compile cache and `wdp precompile` key compiled code by the engine's compatibility
