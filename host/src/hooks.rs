@@ -100,8 +100,9 @@ struct Instances {
     /// The stores of the calls that ended since the last call started, for the thread to drop:
     /// one per call slot at most, as each holds its slot.
     used: Mutex<Vec<Used>>,
-    /// The thread that drops them and makes spares, started by the first call; `None` if the
-    /// system refused it, and then stores are dropped on the call's path and no spare is made.
+    /// The thread that drops them and makes spares, started by the first call. `None` for a
+    /// component outside the pool, which has no spares (`Sandbox::spare_slot`), or if the system
+    /// refused the thread: then stores are dropped on the call's path and no spare is made.
     tidier: OnceLock<Option<tidier::Tidier>>,
 }
 
@@ -159,6 +160,11 @@ impl Hooks {
         component: &LoadedComponent,
     ) -> Result<Self, NoHooks> {
         let pre = component.instance_pre();
+        let tidier = if sandbox.is_pooled(component) {
+            OnceLock::new()
+        } else {
+            OnceLock::from(None)
+        };
         let hooks = Hooks {
             post: PostAllocatorPluginIndices::new(pre).ok(),
             preferred: PreferredAllocatorPluginIndices::new(pre).ok(),
@@ -169,7 +175,7 @@ impl Hooks {
                 component: component.clone(),
                 spare: Mutex::new(None),
                 used: Mutex::new(Vec::new()),
-                tidier: OnceLock::new(),
+                tidier,
             }),
             guest,
             policy,
@@ -461,7 +467,7 @@ impl Instances {
         }));
     }
 
-    /// The hook's thread, started by the first call.
+    /// The hook's thread, started by the first call; `None` for the reasons the field gives.
     fn tidier(&self) -> Option<&tidier::Tidier> {
         self.tidier
             .get_or_init(|| match tidier::Tidier::start() {

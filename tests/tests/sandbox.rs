@@ -280,6 +280,18 @@ mod residue {
             .expect("RESIDUE in the answer");
         found.parse().expect("a count")
     }
+
+    /// Calls `hooks`' post-allocate `calls` times in a row; each call must find no residue.
+    pub async fn none_in_calls(hooks: &wdp::hooks::Hooks, calls: usize) {
+        for call in 0..calls {
+            let answer = hooks
+                .post_allocate("serial", &requests(), &responses())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(found(&answer), 0, "call {call}");
+        }
+    }
 }
 
 /// A sandbox whose hooks' pool is `pool`, `test_hooks` loaded into it, and a maker of its hooks:
@@ -392,14 +404,7 @@ async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
         &component,
     )
     .unwrap();
-    for call in 0..3 {
-        let answer = hooks
-            .post_allocate("serial", &residue::requests(), &residue::responses())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(residue::found(&answer), 0, "call {call}");
-    }
+    residue::none_in_calls(&hooks, 3).await;
     // What is left is the spare made as the last call ran, never entered yet, and the last
     // call's store, waiting for the next call's start: the earlier calls' were dropped as the
     // calls after them started.
@@ -426,6 +431,34 @@ async fn pooled_hook_instances_hold_nothing_of_an_earlier_call() {
         }
     })
     .await;
+}
+
+/// A hook component outside the pool (one that fits no slot runs on the scanners' engine) gets
+/// a fresh instance per call all the same, each mapped for its call and dropped after it: no
+/// spare is made ahead and nothing takes a slot of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_outside_the_pool_gets_a_fresh_instance_per_call() {
+    use std::sync::Arc;
+    use wdp::hooks::Hooks;
+    use wdp::policy::Policy;
+    use wdp::sandbox::Guest;
+
+    let f = Fixture::new();
+    let sandbox = Sandbox::new(roots(&f)).unwrap();
+    // `load` is the scanners' engine: what `load_hooks` falls back to.
+    let component = sandbox.load(&wdp_tests::guest("test_hooks")).await.unwrap();
+    assert!(!sandbox.is_pooled(&component));
+    let hooks = Hooks::new(
+        sandbox.clone(),
+        Guest::new("residue", vec![("HOOK_MODE".into(), "residue".into())]),
+        Arc::new(Policy::default()),
+        &component,
+    )
+    .unwrap();
+    residue::none_in_calls(&hooks, 3).await;
+    assert!(!hooks.has_spare());
+    let pool = sandbox.hook_engine().pooling_allocator_metrics().unwrap();
+    assert_eq!(pool.component_instances(), 0, "nothing from the pool");
 }
 
 /// A spare instance (made as a call runs, for the next) is handed to one call only, and is as

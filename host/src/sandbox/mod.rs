@@ -417,6 +417,12 @@ impl Sandbox {
         }
     }
 
+    /// Whether instances of `component` come from the hooks' pool: loaded with
+    /// [`Sandbox::load_hooks`] and fitting a slot.
+    pub fn is_pooled(&self, component: &LoadedComponent) -> bool {
+        Engine::same(component.pre.engine(), &self.hook_engine)
+    }
+
     /// A slot of the hooks' pool for one instance of `component`, held until the instance's
     /// store is dropped: `None` when `component` is not from the pool. Waits while every slot is
     /// taken (the caller bounds the wait).
@@ -424,7 +430,7 @@ impl Sandbox {
         &self,
         component: &LoadedComponent,
     ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if !Engine::same(component.pre.engine(), &self.hook_engine) {
+        if !self.is_pooled(component) {
             return None;
         }
         // The semaphore is never closed, so acquiring only waits.
@@ -439,7 +445,7 @@ impl Sandbox {
         &self,
         component: &LoadedComponent,
     ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if !Engine::same(component.pre.engine(), &self.hook_engine) {
+        if !self.is_pooled(component) {
             return None;
         }
         self.hook_spares.clone().try_acquire_owned().ok()
