@@ -102,6 +102,60 @@ async fn devices_reach_kubelet_and_follow_hotplug() {
     kubelet.stop().await;
 }
 
+/// A host whose stderr is a pipe with no reader left (its log collector gone) keeps serving,
+/// and on SIGTERM still exits cleanly with every plugin socket removed: the log lines it cannot
+/// write are dropped, not reported on that same stderr (which panicked the host as it stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_log_reader_is_gone_still_stops_cleanly() {
+    let f = Fixture::new();
+    f.char_dev("kvm", 10, 232).char_dev("ttyUSB0", 188, 0);
+    let config = kvm_and_serial_config(&f);
+    let plugins = f.plugin_dir();
+    let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
+    let mut seen = Seen::new(observed);
+    let mut child = tokio::process::Command::new(wdp_tests::wdp_bin())
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--sys-root")
+        .arg(f.sys())
+        .arg("--dev-root")
+        .arg(f.dev())
+        .arg("--compile-cache")
+        .arg(f.path().join("compiled"))
+        .arg("--precompiled")
+        .arg(f.path().join("precompiled"))
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn wdp run");
+    seen.devices("serial.example.com/serial", &["ttyUSB0"])
+        .await;
+    // The reader goes; the host's next log lines meet a broken pipe.
+    drop(child.stderr.take());
+    f.char_dev("ttyUSB1", 188, 1);
+    seen.devices("serial.example.com/serial", &["ttyUSB0", "ttyUSB1"])
+        .await;
+    let pid = child.id().expect("running").to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the host stops")
+        .expect("wait for the host");
+    assert!(status.success(), "exit status {status}");
+    assert_eq!(sockets(&plugins), ["kubelet.sock"]);
+    kubelet.stop().await;
+}
+
 const QAT_TREE: &str = r#"{"generic": {
     "0000:3d:01.0": {"nodes": ["/dev/vfio/10", "/dev/vfio/vfio"], "envs": {"QAT7": "0000:3d:01.0"}},
     "0000:3d:01.1": {"nodes": ["/dev/vfio/11", "/dev/vfio/vfio"], "envs": {"QAT9": "0000:3d:01.1"}},

@@ -133,10 +133,14 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let colour = std::io::stderr().is_terminal()
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    // A log line that cannot be written is dropped. tracing-subscriber would otherwise report
+    // it on stderr with `eprint!`, which panics when stderr is a pipe whose reader has gone (a
+    // log collector restarted): the host would then die as it stops, its sockets left behind.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
