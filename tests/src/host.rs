@@ -138,6 +138,20 @@ impl Host {
         f: &Fixture,
         launch: &Launch<'_>,
     ) -> Result<Host, HostError> {
+        let mut cmd = Self::command(config, plugin_dir, f, launch);
+        let log = f.path().join(format!(
+            "wdp-run-{}.log",
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        Self::spawn(&mut cmd, &log)
+    }
+
+    /// The `wdp run` command [`Host::launch`] spawns, for a test that spawns it another way (its
+    /// stderr a pipe, say).
+    pub fn command(config: &Path, plugin_dir: &Path, f: &Fixture, launch: &Launch<'_>) -> Command {
         let mut cmd = Command::new(&launch.wdp);
         cmd.arg("run")
             .arg("--config")
@@ -157,14 +171,7 @@ impl Host {
         if !launch.args.contains(&"--precompiled") {
             cmd.arg("--precompiled").arg(f.path().join("precompiled"));
         }
-        let log = f.path().join(format!(
-            "wdp-run-{}.log",
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
-        Self::spawn(&mut cmd, &log)
+        cmd
     }
 
     /// Spawns `cmd` with its stderr into `log` (created), stdin and stdout closed, and the

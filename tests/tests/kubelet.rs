@@ -9,7 +9,7 @@ use tonic::Code;
 use wdp_kubelet::standin::StandIn;
 use wdp_tests::fixture::Fixture;
 use wdp_tests::guest;
-use wdp_tests::host::{Host, Seen, serve, sockets};
+use wdp_tests::host::{Host, Launch, Seen, serve, sockets};
 
 fn kvm_and_serial_config(f: &Fixture) -> std::path::PathBuf {
     let devices = r#"[{"name": "serial", "groups": [{"paths": [{"path": "/dev/ttyUSB*"}]}]}]"#;
@@ -113,21 +113,7 @@ async fn a_host_whose_log_reader_is_gone_still_stops_cleanly() {
     let plugins = f.plugin_dir();
     let (kubelet, observed) = StandIn::start(&plugins).expect("start the kubelet stand-in");
     let mut seen = Seen::new(observed);
-    let mut child = tokio::process::Command::new(wdp_tests::wdp_bin())
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .arg("--plugin-dir")
-        .arg(&plugins)
-        .arg("--sys-root")
-        .arg(f.sys())
-        .arg("--dev-root")
-        .arg(f.dev())
-        .arg("--compile-cache")
-        .arg(f.path().join("compiled"))
-        .arg("--precompiled")
-        .arg(f.path().join("precompiled"))
-        .env("RUST_LOG", "info")
+    let mut child = Host::command(&config, &plugins, &f, &Launch::test(&f))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
